@@ -1,0 +1,207 @@
+"""A parallel layout (the unit every stage passes along) and its columnar form for fast evaluation."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from autotune.exceptions import AutotuneError
+
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+"""Offload choices, in code order (the table stores their index)."""
+RECOMPUTES = ("none", "selective", "full")
+"""Activation recompute choices, in code order."""
+SEARCH_DIMS = ("tp", "pp", "cp", "vpp", "zero", "offload", "mbs", "recompute", "sp")
+"""The dimensions a search space chooses; dp and gas follow from them."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Layout:
+    """How one training run is split over the cluster.
+
+    world = tp·pp·cp·dp; global batch = mbs·dp·gas. `offload` is none, optimizer or
+    optimizer+params; `recompute` none, selective or full; `sp` is Megatron's sequence parallelism.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    vpp: int = 1
+    zero: int = 0
+    offload: str = "none"
+    mbs: int = 1
+    gas: int = 1
+    recompute: str = "none"
+    sp: bool = False
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the layout occupies."""
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def global_batch_size(self) -> int:
+        """Sequences per optimizer step."""
+        return self.mbs * self.dp * self.gas
+
+    @property
+    def text(self) -> str:
+        """The CLI form, e.g. `tp=8,pp=4,cp=1,vpp=1,zero=1,offload=none,mbs=1,recompute=selective`."""
+        return (
+            f"tp={self.tp},pp={self.pp},cp={self.cp},vpp={self.vpp},zero={self.zero},"
+            f"offload={self.offload},mbs={self.mbs},recompute={self.recompute},"
+            f"sp={'on' if self.sp else 'off'}"
+        )
+
+    @property
+    def id(self) -> str:
+        """A short name usable in file names, unique per layout."""
+        rc = {"none": "rn", "selective": "rs", "full": "rf"}[self.recompute]
+        off = {"none": "", "optimizer": "-oo", "optimizer+params": "-op"}[self.offload]
+        return (
+            f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-z{self.zero}{off}"
+            f"-mb{self.mbs}-{rc}{'-sp' if self.sp else ''}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields, for JSON."""
+        return dataclasses.asdict(self)
+
+    def validate(self, world_size: int, global_batch_size: int | None = None) -> None:
+        """Raise AutotuneError unless the degrees multiply to the world (and batch) size."""
+        if self.world_size != world_size:
+            raise AutotuneError(
+                f"layout: tp ({self.tp}) · pp ({self.pp}) · cp ({self.cp}) · dp ({self.dp}) = "
+                f"{self.world_size}, but the cluster has {world_size} GPUs"
+            )
+        if global_batch_size is not None and self.global_batch_size != global_batch_size:
+            raise AutotuneError(
+                f"layout: mbs ({self.mbs}) · dp ({self.dp}) · gas ({self.gas}) = "
+                f"{self.global_batch_size}, but the global batch is {global_batch_size}"
+            )
+
+    @classmethod
+    def parse(cls, text: str, world_size: int, global_batch_size: int, framework: str) -> Layout:
+        """Read the CLI form; dp and gas are derived, sp defaults to on when tp>1 for megatron."""
+        values: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or key not in SEARCH_DIMS + ("dp", "gas"):
+                raise AutotuneError(
+                    f"--layout: cannot read {item!r}; write key=value pairs with keys "
+                    f"{', '.join(SEARCH_DIMS)}, e.g. tp=8,pp=4,zero=1,mbs=1,recompute=selective"
+                )
+            values[key] = value.strip()
+
+        def integer(key: str, default: int) -> int:
+            raw = values.get(key)
+            if raw is None:
+                return default
+            try:
+                number = int(raw)
+            except ValueError:
+                raise AutotuneError(f"--layout: {key}={raw!r} must be an integer") from None
+            if number < 0 or (number == 0 and key != "zero"):
+                raise AutotuneError(f"--layout: {key}={number} must be positive")
+            return number
+
+        def choice(key: str, options: Sequence[str], default: str) -> str:
+            raw = values.get(key, default)
+            if raw not in options:
+                raise AutotuneError(f"--layout: {key}={raw!r} must be one of {', '.join(options)}")
+            return raw
+
+        tp, pp, cp = integer("tp", 1), integer("pp", 1), integer("cp", 1)
+        mbs = integer("mbs", 1)
+        model_parallel = tp * pp * cp
+        if world_size % model_parallel:
+            raise AutotuneError(
+                f"--layout: tp·pp·cp = {tp}·{pp}·{cp} = {model_parallel} does not divide the "
+                f"{world_size} GPUs of the cluster; pick degrees whose product divides it"
+            )
+        dp = world_size // model_parallel
+        if "dp" in values and integer("dp", dp) != dp:
+            raise AutotuneError(
+                f"--layout: dp={values['dp']} contradicts tp·pp·cp·dp = {world_size}; "
+                f"drop dp (it is derived: {dp})"
+            )
+        if global_batch_size % (mbs * dp):
+            raise AutotuneError(
+                f"--layout: the global batch {global_batch_size} is not divisible by mbs·dp = "
+                f"{mbs}·{dp}; change mbs or --gbs"
+            )
+        sp_default = "on" if (framework == "megatron" and tp > 1) else "off"
+        sp = choice("sp", ("on", "off", "true", "false", "1", "0"), sp_default)
+        zero = integer("zero", 1 if framework == "megatron" else 0)
+        if zero > 3:
+            raise AutotuneError(f"--layout: zero={zero} must be 0, 1, 2 or 3")
+        return cls(
+            tp=tp, pp=pp, dp=dp, cp=cp, vpp=integer("vpp", 1), zero=zero,
+            offload=choice("offload", OFFLOADS, "none"), mbs=mbs,
+            gas=global_batch_size // (mbs * dp),
+            recompute=choice("recompute", RECOMPUTES, "none"), sp=sp in ("on", "true", "1"),
+        )
+
+
+_INT_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "zero", "mbs", "gas")
+
+
+@dataclasses.dataclass(slots=True)
+class LayoutTable:
+    """Many layouts as parallel numpy columns, so rules and models evaluate them at once.
+
+    `offload` and `recompute` hold indices into OFFLOADS and RECOMPUTES; `sp` is boolean.
+    """
+
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    cp: np.ndarray
+    vpp: np.ndarray
+    zero: np.ndarray
+    offload: np.ndarray
+    mbs: np.ndarray
+    gas: np.ndarray
+    recompute: np.ndarray
+    sp: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.tp.shape[0])
+
+    @classmethod
+    def from_layouts(cls, layouts: Iterable[Layout]) -> LayoutTable:
+        """Columns of the given layouts, in order."""
+        rows = list(layouts)
+        columns: dict[str, np.ndarray] = {
+            name: np.array([getattr(row, name) for row in rows], dtype=np.int64)
+            for name in _INT_FIELDS
+        }
+        columns["offload"] = np.array([OFFLOADS.index(r.offload) for r in rows], dtype=np.int64)
+        columns["recompute"] = np.array(
+            [RECOMPUTES.index(r.recompute) for r in rows], dtype=np.int64
+        )
+        columns["sp"] = np.array([r.sp for r in rows], dtype=bool)
+        return cls(**columns)
+
+    def take(self, index: np.ndarray) -> LayoutTable:
+        """The rows selected by a boolean mask or an index array."""
+        return LayoutTable(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
+
+    def row(self, i: int) -> Layout:
+        """Row i as a Layout."""
+        return Layout(
+            **{name: int(getattr(self, name)[i]) for name in _INT_FIELDS},
+            offload=OFFLOADS[int(self.offload[i])],
+            recompute=RECOMPUTES[int(self.recompute[i])],
+            sp=bool(self.sp[i]),
+        )
+
+    def rows(self) -> list[Layout]:
+        """All rows as Layouts."""
+        return [self.row(i) for i in range(len(self))]

@@ -1,0 +1,158 @@
+"""Search spaces (candidate values per dimension) and their enumeration through the rules."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
+from pydantic import ValidationError
+
+from autotune.constants import Constants
+from autotune.constants import constants_for
+from autotune.estimate import evaluate
+from autotune.exceptions import AutotuneError
+from autotune.inputs import validation_message
+from autotune.layout import OFFLOADS
+from autotune.layout import RECOMPUTES
+from autotune.layout import LayoutTable
+from autotune.resources import resource_dir
+from autotune.rules import rules_for
+from autotune.specs import AutotuneConfig
+
+
+class SearchSpace(BaseModel):
+    """Candidate values of each layout dimension (dp and gas are derived, never listed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    name: str = "custom"
+    """Where the space came from."""
+    tp: list[int] = Field(default=[1, 2, 4, 8], min_length=1)
+    """Tensor-parallel degrees."""
+    pp: list[int] = Field(default=[1, 2, 4, 8], min_length=1)
+    """Pipeline-parallel degrees."""
+    cp: list[int] = Field(default=[1], min_length=1)
+    """Context-parallel degrees."""
+    vpp: list[int] = Field(default=[1], min_length=1)
+    """Virtual pipeline stages per pipeline rank (interleaving)."""
+    zero: list[int] = Field(default=[0, 1], min_length=1)
+    """ZeRO stages (Megatron: 0 DDP, 1 distributed optimizer, 2/3 Megatron-FSDP)."""
+    offload: list[str] = Field(default=["none"], min_length=1)
+    """Offload choices: none, optimizer, optimizer+params."""
+    mbs: list[int] = Field(default=[1, 2, 4], min_length=1)
+    """Micro-batch sizes (sequences)."""
+    recompute: list[str] = Field(default=["none", "selective", "full"], min_length=1)
+    """Activation recompute: none, selective, full."""
+    sp: list[bool] = Field(default=[True, False], min_length=1)
+    """Megatron sequence parallelism on/off."""
+
+    def model_post_init(self, _: Any) -> None:
+        for dim in ("tp", "pp", "cp", "vpp", "mbs"):
+            if any(v < 1 for v in getattr(self, dim)):
+                raise ValueError(f"{dim}: every value must be >= 1")
+        if any(z not in (0, 1, 2, 3) for z in self.zero):
+            raise ValueError("zero: values must be among 0, 1, 2, 3")
+        for dim, options in (("offload", OFFLOADS), ("recompute", RECOMPUTES)):
+            bad = [v for v in getattr(self, dim) if v not in options]
+            if bad:
+                raise ValueError(f"{dim}: {bad} not among {', '.join(options)}")
+
+    @property
+    def size(self) -> int:
+        """Candidates before any rule."""
+        return int(np.prod([len(getattr(self, d)) for d in _DIMS]))
+
+
+_DIMS = ("tp", "pp", "cp", "vpp", "zero", "offload", "mbs", "recompute", "sp")
+
+
+def load_space(ref: str | None, framework: str) -> SearchSpace:
+    """The framework's default space, a bundled space by name, or a YAML file."""
+    folder = resource_dir("search_spaces")
+    path = folder / f"{ref or framework}.yaml"
+    if ref and not path.exists():
+        path = Path(ref)
+    if not path.exists():
+        bundled = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
+        raise AutotuneError(f"--space: {ref!r} is neither a file nor a bundled space ({bundled})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise AutotuneError(f"--space: {path} is not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise AutotuneError(f"--space: {path} must be a mapping of dimension: [values]")
+    data.pop("framework", None)
+    try:
+        return SearchSpace(name=str(path.stem), **data.get("dims", data))
+    except ValidationError as error:
+        raise AutotuneError(validation_message(error, f"--space {path}")) from None
+    except ValueError as error:
+        raise AutotuneError(f"--space {path}: {error}") from None
+
+
+def candidates(cfg: AutotuneConfig, space: SearchSpace) -> LayoutTable:
+    """The full cartesian product of the space, with dp and gas derived (0 where impossible)."""
+    grids = np.meshgrid(
+        np.array(space.tp), np.array(space.pp), np.array(space.cp), np.array(space.vpp),
+        np.array(space.zero), np.array([OFFLOADS.index(o) for o in space.offload]),
+        np.array(space.mbs), np.array([RECOMPUTES.index(r) for r in space.recompute]),
+        np.array(space.sp, dtype=bool), indexing="ij",
+    )
+    tp, pp, cp, vpp, zero, offload, mbs, recompute, sp = (g.ravel() for g in grids)
+    tp, pp, cp, vpp, zero, offload, mbs = (a.astype(np.int64) for a in (tp, pp, cp, vpp, zero, offload, mbs))
+    product = tp * pp * cp
+    dp = np.where(cfg.world_size % product == 0, cfg.world_size // product, 0)
+    gas = np.where(dp > 0, cfg.train.global_batch_size // np.maximum(mbs * dp, 1), 0)
+    return LayoutTable(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, zero=zero, offload=offload,
+                       mbs=mbs, gas=gas, recompute=recompute.astype(np.int64), sp=sp)
+
+
+@dataclasses.dataclass(slots=True)
+class Enumeration:
+    """Feasible layouts (ranked fastest first) with their figures, and what each rule removed."""
+
+    feasible: LayoutTable
+    values: dict[str, Any]
+    removed: dict[str, int]
+    total: int
+
+    def __len__(self) -> int:
+        return len(self.feasible)
+
+
+def _take(values: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
+    return {k: (_take(v, index) if isinstance(v, dict) else v[index]) for k, v in values.items()}
+
+
+def enumerate_layouts(
+    cfg: AutotuneConfig, space: SearchSpace, k: Constants | None = None
+) -> Enumeration:
+    """Apply every rule of the framework to the space; rank the survivors by predicted throughput."""
+    k = k or constants_for(cfg.cluster.gpu)
+    table = candidates(cfg, space)
+    total = len(table)
+    removed: dict[str, int] = {}
+    for r in rules_for(cfg.train.framework):
+        if not len(table):
+            removed[r.name] = 0
+            continue
+        broken = r.check(cfg, table, k)
+        removed[r.name] = int(np.count_nonzero(broken))
+        table = table.take(~broken)
+    values = evaluate(cfg, table, k)
+    order = np.argsort(-values["tokens_per_s"], kind="stable")
+    return Enumeration(table.take(order), _take(values, order), removed, total)
+
+
+def no_feasible_message(result: Enumeration) -> str:
+    """Why nothing survived: the rules that removed candidates, largest first."""
+    top = sorted(((n, c) for n, c in result.removed.items() if c), key=lambda item: -item[1])
+    listed = "; ".join(f"{name} removed {count}" for name, count in top)
+    return (f"no feasible layout among {result.total} candidates ({listed}). Widen the search space, "
+            "add GPUs, or lower --gbs/--seq.")

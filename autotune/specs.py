@@ -1,0 +1,202 @@
+"""The inputs: a model, a cluster and a training setup (validated pydantic values)."""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Literal
+
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
+from pydantic import model_validator
+
+Precision = Literal["bf16", "fp16", "fp8", "fp32"]
+Framework = Literal["megatron", "deepspeed"]
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class ModelSpec(BaseModel):
+    """A dense decoder-only transformer, in Megatron-LM's argument names."""
+
+    model_config = _FROZEN
+
+    name: str = "custom"
+    """Display name (a preset name, or the file it came from)."""
+    num_layers: int = Field(gt=0)
+    """Transformer layers."""
+    hidden_size: int = Field(gt=0)
+    """Model width h."""
+    num_attention_heads: int = Field(gt=0)
+    """Query heads a."""
+    num_query_groups: int | None = Field(default=None, gt=0)
+    """Key/value heads g for grouped-query attention; None means g = a (multi-head)."""
+    ffn_hidden_size: int | None = Field(default=None, gt=0)
+    """MLP width f; None means 4h."""
+    vocab_size: int = Field(gt=0)
+    """Tokenizer vocabulary V (before any padding)."""
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    """MLP activation; swiglu has three weight matrices instead of two."""
+    tied_embeddings: bool = True
+    """Input embedding and output layer share one weight."""
+    max_position_embeddings: int = Field(default=2048, gt=0)
+    """Longest sequence the model supports, in tokens."""
+    normalization: Literal["layernorm", "rmsnorm"] = "layernorm"
+    """Norm layers (RMSNorm has no bias)."""
+    position_embedding: Literal["learned_absolute", "rope"] = "learned_absolute"
+    """Position embedding type."""
+    add_bias_linear: bool = True
+    """Linear layers carry biases (GPT) or not (Llama)."""
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> ModelSpec:
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        if self.num_attention_heads % self.query_groups:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
+                f"num_query_groups ({self.query_groups})"
+            )
+        return self
+
+    @property
+    def query_groups(self) -> int:
+        """Key/value heads g (a when not grouped)."""
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def ffn(self) -> int:
+        """MLP width f."""
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        """Channels per head d = h / a."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def gated(self) -> bool:
+        """True for SwiGLU (three MLP matrices)."""
+        return self.activation == "swiglu"
+
+    def layer_params(self) -> int:
+        """Weights of one transformer layer (Megatron's count: matrices and norms, no biases)."""
+        h, d, a, g = self.hidden_size, self.head_dim, self.num_attention_heads, self.query_groups
+        attention = 2 * h * d * (a + g)
+        mlp = (3 if self.gated else 2) * h * self.ffn
+        norms = 2 * h * self.norm_factor
+        return attention + mlp + norms
+
+    @property
+    def norm_factor(self) -> int:
+        """Weights per channel of a norm: 1 for RMSNorm, 2 for LayerNorm (weight and bias)."""
+        return 1 if self.normalization == "rmsnorm" else 2
+
+    def num_params(self, vocab: int | None = None) -> int:
+        """All weights, embedding and (untied) output layer included."""
+        v = vocab or self.vocab_size
+        embeddings = self.hidden_size * v * (1 if self.tied_embeddings else 2)
+        final_norm = self.hidden_size * self.norm_factor
+        return self.num_layers * self.layer_params() + embeddings + final_norm
+
+
+class GPUSpec(BaseModel):
+    """One accelerator: memory, dense peak throughput per precision, memory bandwidth."""
+
+    model_config = _FROZEN
+
+    name: str = "custom-gpu"
+    """Preset name or free text."""
+    memory_gb: float = Field(gt=0)
+    """Device memory in GB (1e9 bytes), as the datasheet states it."""
+    peak_tflops: dict[Precision, float]
+    """Dense (no sparsity) peak in TFLOP/s per precision; a missing key means unsupported."""
+    hbm_tb_s: float = Field(gt=0)
+    """Device memory bandwidth in TB/s."""
+
+    @property
+    def memory_bytes(self) -> float:
+        """Device memory in bytes."""
+        return self.memory_gb * 1e9
+
+
+class ClusterSpec(BaseModel):
+    """Nodes of identical GPUs, their links and their hosts."""
+
+    model_config = _FROZEN
+
+    name: str = "custom"
+    """Display name (preset:nodes, a file name, or local)."""
+    nodes: int = Field(gt=0)
+    """Number of nodes."""
+    gpus_per_node: int = Field(gt=0)
+    """Accelerators (or CPU worker processes, for `local` without GPUs) per node."""
+    gpu: GPUSpec
+    """The accelerator."""
+    intra_node_gb_s: float = Field(gt=0)
+    """Per-GPU, per-direction bandwidth inside a node (NVLink), GB/s."""
+    inter_node_gb_s: float = Field(gt=0)
+    """Per-GPU, per-direction network bandwidth between nodes (InfiniBand), GB/s."""
+    host_memory_gb: float = Field(gt=0)
+    """CPU memory per node, GB."""
+    pcie_gb_s: float = Field(gt=0)
+    """Per-GPU host link bandwidth per direction, GB/s."""
+    cpu_processes: bool = False
+    """True when the 'GPUs' are CPU processes on gloo (the `local` cluster without CUDA)."""
+
+    @property
+    def world_size(self) -> int:
+        """All accelerators in the cluster."""
+        return self.nodes * self.gpus_per_node
+
+
+class TrainSpec(BaseModel):
+    """The training setup a layout must serve."""
+
+    model_config = _FROZEN
+
+    seq_length: int = Field(gt=0)
+    """Tokens per sequence."""
+    global_batch_size: int = Field(gt=0)
+    """Sequences per optimizer step, over all data-parallel replicas."""
+    precision: Precision = "bf16"
+    """Compute precision of the matrix multiplies (fp8 = fp8 GEMMs with bf16 elsewhere)."""
+    framework: Framework = "megatron"
+    """Framework whose rules and configs apply."""
+    flash_attention: bool = True
+    """Fused attention that never stores the s×s score matrix (FlashAttention / cuDNN)."""
+    overlap_grad_reduce: bool = True
+    """Data-parallel gradient reduction overlaps the last backward pass."""
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step."""
+        return self.seq_length * self.global_batch_size
+
+
+class AutotuneConfig(BaseModel):
+    """Everything that defines a tuning problem: model, cluster and training setup."""
+
+    model_config = _FROZEN
+
+    model: ModelSpec
+    """The model to train."""
+    cluster: ClusterSpec
+    """Where it trains."""
+    train: TrainSpec
+    """How it trains."""
+
+    @property
+    def world_size(self) -> int:
+        """Accelerators used by every layout."""
+        return self.cluster.world_size
+
+    def padded_vocab(self, tp: Any) -> Any:
+        """Vocabulary as the framework pads it (Megatron: a multiple of 128·tp); tp may be an array."""
+        if self.train.framework != "megatron":
+            return self.model.vocab_size + 0 * tp
+        multiple = 128 * tp
+        return -(-self.model.vocab_size // multiple) * multiple
