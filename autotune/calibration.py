@@ -68,8 +68,9 @@ def errors(points: Sequence[Measured], k: Constants) -> np.ndarray:
 
 
 def fit_constants(
-    points: Sequence[Measured], base: Constants, names: Sequence[str] = ("gemm_efficiency",
-                                                                        "comm_efficiency")
+    points: Sequence[Measured],
+    base: Constants,
+    names: Sequence[str] = ("gemm_efficiency", "comm_efficiency"),
 ) -> Constants:
     """Least-squares fit of `names` (log error of step time), starting from `base`."""
     if not points:
@@ -111,10 +112,13 @@ def published_flops(row: dict[str, str]) -> float:
 def _row_point(row: dict[str, str]) -> Measured:
     h = int(row["hidden_size"])
     model = ModelSpec(
-        name=row["model"], num_layers=int(row["num_layers"]), hidden_size=h,
+        name=row["model"],
+        num_layers=int(row["num_layers"]),
+        hidden_size=h,
         num_attention_heads=int(row["num_attention_heads"]),
         num_query_groups=int(row["num_kv_heads"] or row["num_attention_heads"]),
-        ffn_hidden_size=int(row["ffn_hidden_size"] or 4 * h), vocab_size=int(row["vocab_size"]),
+        ffn_hidden_size=int(row["ffn_hidden_size"] or 4 * h),
+        vocab_size=int(row["vocab_size"]),
         max_position_embeddings=int(row["seq_length"]),
     )
     gpus = int(row["num_gpus"])
@@ -124,8 +128,10 @@ def _row_point(row: dict[str, str]) -> Measured:
     sc21 = row["row_id"].startswith("sc21")
     precision = "fp16" if row["precision"] == "fp16" else "bf16"
     train = TrainSpec(
-        seq_length=int(row["seq_length"]), global_batch_size=int(row["global_batch_size_seqs"]),
-        precision=precision, framework="megatron",
+        seq_length=int(row["seq_length"]),
+        global_batch_size=int(row["global_batch_size_seqs"]),
+        precision=precision,
+        framework="megatron",
         flash_attention=not sc21,  # 2021 Megatron materialised the scores (fused softmax)
         overlap_grad_reduce="impl=torch" in row["zero_or_optimizer_sharding"] or not sc21,
     )
@@ -138,7 +144,9 @@ def _row_point(row: dict[str, str]) -> Measured:
         mbs_options = [int(row["micro_batch_size"])]
     else:
         mbs_options = [m for m in (1, 2, 4) if train.global_batch_size % (m * dp) == 0]
-    recompute_options = ["full"] if row["recompute"].startswith("full") else ["none", "selective", "full"]
+    recompute_options = (
+        ["full"] if row["recompute"].startswith("full") else ["none", "selective", "full"]
+    )
     if row["virtual_pipeline"] and not row["virtual_pipeline"].startswith("not"):
         vpp_options = [_vpp(row["virtual_pipeline"], per_stage)]
     elif row["virtual_pipeline"] == "" and pp > 1 and not sc21:
@@ -146,11 +154,25 @@ def _row_point(row: dict[str, str]) -> Measured:
     else:
         vpp_options = [1]
     layouts = [
-        Layout(tp=tp, pp=pp, dp=dp, cp=1, vpp=v, zero=zero, mbs=mb,
-               gas=train.global_batch_size // (mb * dp), recompute=rc, sp=sp)
-        for mb in mbs_options for rc in recompute_options for v in vpp_options
+        Layout(
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            cp=1,
+            vpp=v,
+            zero=zero,
+            mbs=mb,
+            gas=train.global_batch_size // (mb * dp),
+            recompute=rc,
+            sp=sp,
+        )
+        for mb in mbs_options
+        for rc in recompute_options
+        for v in vpp_options
     ]
-    legal = split_layers(cfg, np.array([lay.pp for lay in layouts]), np.array([lay.vpp for lay in layouts])).legal
+    legal = split_layers(
+        cfg, np.array([lay.pp for lay in layouts]), np.array([lay.vpp for lay in layouts])
+    ).legal
     layouts = [lay for lay, ok in zip(layouts, legal, strict=True) if ok]
     reported = float(row["tflops_per_gpu"])
     step = published_flops(row) / (reported * 1e12 * gpus)

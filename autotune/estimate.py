@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import numpy as np
-
 from autotune.constants import Constants
 from autotune.constants import constants_for
 from autotune.flops import hardware_flops
@@ -20,7 +18,9 @@ from autotune.perf import estimate_time
 from autotune.specs import AutotuneConfig
 
 
-def evaluate(cfg: AutotuneConfig, table: LayoutTable, k: Constants | None = None) -> dict[str, Any]:
+def evaluate(
+    cfg: AutotuneConfig, table: LayoutTable, k: Constants | None = None
+) -> dict[str, Any]:
     """Memory parts, time parts and the headline figures of every row of `table` (numpy arrays)."""
     k = k or constants_for(cfg.cluster.gpu)
     memory = estimate_memory(cfg, table, k)
@@ -28,7 +28,9 @@ def evaluate(cfg: AutotuneConfig, table: LayoutTable, k: Constants | None = None
     train = cfg.train
     vocab = cfg.padded_vocab(table.tp)
     flops = model_flops(cfg.model, train.seq_length, train.global_batch_size, vocab)
-    hw = hardware_flops(cfg.model, train.seq_length, train.global_batch_size, vocab, table.recompute)
+    hw = hardware_flops(
+        cfg.model, train.seq_length, train.global_batch_size, vocab, table.recompute
+    )
     step = time["total"]
     world = cfg.world_size
     peak = cfg.cluster.gpu.peak_tflops[train.precision] * 1e12

@@ -19,7 +19,7 @@ from autotune.specs import ModelSpec
 
 
 def dense_flops_per_token_per_layer(model: ModelSpec) -> int:
-    """Matrix-multiply FLOPs (forward + backward) of one layer for one token, attention scores excluded."""
+    """Matrix-multiply FLOPs (forward + backward) per layer and token, scores excluded."""
     h, f, d = model.hidden_size, model.ffn, model.head_dim
     q, kv = d * model.num_attention_heads, d * model.query_groups
     mlp_matrices = 3 if model.gated else 2
@@ -27,7 +27,7 @@ def dense_flops_per_token_per_layer(model: ModelSpec) -> int:
 
 
 def attention_flops_per_token_per_layer(model: ModelSpec, seq: Any) -> Any:
-    """Score and value FLOPs (forward + backward) of one layer for one token, causal mask halved."""
+    """Score and value FLOPs (forward + backward) per layer and token, causal-halved."""
     return 6.0 * model.head_dim * model.num_attention_heads * seq
 
 
@@ -59,8 +59,15 @@ def recompute_flops_fraction(model: ModelSpec, seq: Any, recompute: Any) -> Any:
 
 def hardware_flops(model: ModelSpec, seq: Any, batch: Any, vocab: Any, recompute: Any) -> Any:
     """FLOPs the hardware executes in one iteration: model FLOPs plus recomputed forwards."""
-    layers = 1.0 * batch * seq * model.num_layers * (
-        dense_flops_per_token_per_layer(model) + attention_flops_per_token_per_layer(model, seq)
+    layers = (
+        1.0
+        * batch
+        * seq
+        * model.num_layers
+        * (
+            dense_flops_per_token_per_layer(model)
+            + attention_flops_per_token_per_layer(model, seq)
+        )
     )
     return model_flops(model, seq, batch, vocab) + layers * recompute_flops_fraction(
         model, seq, recompute

@@ -68,11 +68,13 @@ def _read_structured(path: Path) -> Any:
     try:
         return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as error:
-        raise AutotuneError(f"{path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {error}") from None
+        raise AutotuneError(
+            f"{path} is not valid {path.suffix.lstrip('.') or 'YAML'}: {error}"
+        ) from None
 
 
 def _hf_to_megatron(cfg: dict[str, Any], source: str) -> dict[str, Any]:
-    """Map a Hugging Face config.json (Llama, Mistral, Qwen2, GPT-2, GPT-NeoX) onto Megatron names."""
+    """Map a HF config.json (Llama, Mistral, Qwen2, GPT-2, GPT-NeoX) onto Megatron names."""
 
     def first(*keys: str, default: Any = None) -> Any:
         for key in keys:
@@ -104,7 +106,9 @@ def _hf_to_megatron(cfg: dict[str, Any], source: str) -> dict[str, Any]:
         "tied_embeddings": bool(first("tie_word_embeddings", default=model_type == "gpt2")),
         "max_position_embeddings": first("max_position_embeddings", "n_positions", default=2048),
         "normalization": "rmsnorm" if llama_like else "layernorm",
-        "position_embedding": "rope" if (llama_like or model_type == "gpt_neox") else "learned_absolute",
+        "position_embedding": "rope"
+        if (llama_like or model_type == "gpt_neox")
+        else "learned_absolute",
         "add_bias_linear": not llama_like,
     }
 
@@ -117,10 +121,13 @@ def load_model(ref: str) -> ModelSpec:
     path = Path(ref)
     if not path.exists():
         raise AutotuneError(
-            f"--model: {ref!r} is neither a preset nor a file; presets: {', '.join(model_presets())}"
+            f"--model: {ref!r} is neither a preset nor a file; "
+            f"presets: {', '.join(model_presets())}"
         )
     data = _read_structured(path)
-    if isinstance(data, dict) and ("model_type" in data or "architectures" in data or "n_layer" in data):
+    if isinstance(data, dict) and (
+        "model_type" in data or "architectures" in data or "n_layer" in data
+    ):
         data = _hf_to_megatron(data, str(path))
     elif isinstance(data, dict):
         data = {"name": path.stem, **data}
@@ -138,7 +145,9 @@ def load_gpu(ref: str | dict[str, Any], source: str) -> GPUSpec:
         return _build(GPUSpec, ref, f"{source}: gpu")
     gpus = _presets("gpus")
     if ref not in gpus:
-        raise AutotuneError(f"{source}: gpu: unknown preset {ref!r}; presets: {', '.join(gpu_presets())}")
+        raise AutotuneError(
+            f"{source}: gpu: unknown preset {ref!r}; presets: {', '.join(gpu_presets())}"
+        )
     return _build(GPUSpec, {"name": ref, **gpus[ref]}, f"gpu preset {ref}")
 
 
@@ -152,7 +161,7 @@ def _cluster_from_mapping(data: dict[str, Any], name: str, source: str) -> Clust
 
 
 def load_cluster(ref: str, processes: int | None = None) -> ClusterSpec:
-    """A cluster from `NAME:NODES`, a YAML file, or `local` (detected; CPU processes without GPUs)."""
+    """A cluster from `NAME:NODES`, a YAML file, or `local` (CPU processes when no GPU)."""
     if ref == "local":
         return local_cluster(processes)
     presets = _presets("clusters")
@@ -161,7 +170,9 @@ def load_cluster(ref: str, processes: int | None = None) -> ClusterSpec:
         try:
             nodes = int(nodes_text or "1")
         except ValueError:
-            raise AutotuneError(f"--cluster: node count in {ref!r} must be an integer, as in {name}:4") from None
+            raise AutotuneError(
+                f"--cluster: node count in {ref!r} must be an integer, as in {name}:4"
+            ) from None
         if nodes < 1:
             raise AutotuneError(f"--cluster: node count in {ref!r} must be at least 1")
         return _cluster_from_mapping({**presets[name], "nodes": nodes}, ref, f"cluster {ref}")
@@ -199,24 +210,48 @@ def local_cluster(processes: int | None = None) -> ClusterSpec:
 
         props = torch.cuda.get_device_properties(0)
         device_name = props.name.lower()
-        preset = "h200-sxm-141gb" if "h200" in device_name else (
-            "h100-sxm-80gb" if "h100" in device_name else "a100-sxm-80gb"
+        preset = (
+            "h200-sxm-141gb"
+            if "h200" in device_name
+            else ("h100-sxm-80gb" if "h100" in device_name else "a100-sxm-80gb")
         )
         base = _presets("gpus")[preset]
-        gpu = GPUSpec(name=props.name, memory_gb=props.total_memory / 1e9,
-                      peak_tflops=base["peak_tflops"], hbm_tb_s=base["hbm_tb_s"])
-        return ClusterSpec(name="local", nodes=1, gpus_per_node=processes or gpus, gpu=gpu,
-                           intra_node_gb_s=300, inter_node_gb_s=25, host_memory_gb=host_gb,
-                           pcie_gb_s=32)
+        gpu = GPUSpec(
+            name=props.name,
+            memory_gb=props.total_memory / 1e9,
+            peak_tflops=base["peak_tflops"],
+            hbm_tb_s=base["hbm_tb_s"],
+        )
+        return ClusterSpec(
+            name="local",
+            nodes=1,
+            gpus_per_node=processes or gpus,
+            gpu=gpu,
+            intra_node_gb_s=300,
+            inter_node_gb_s=25,
+            host_memory_gb=host_gb,
+            pcie_gb_s=32,
+        )
     count = processes or 2
     cores = os.cpu_count() or 1
     per_process_tflops = 0.02 * max(1, cores // count)
-    gpu = GPUSpec(name="cpu", memory_gb=host_gb / count,
-                  peak_tflops={"fp32": per_process_tflops, "bf16": per_process_tflops / 6},
-                  hbm_tb_s=0.01)
-    return ClusterSpec(name="local", nodes=1, gpus_per_node=count, gpu=gpu, intra_node_gb_s=2.0,
-                       inter_node_gb_s=1.0, host_memory_gb=host_gb, pcie_gb_s=10.0,
-                       cpu_processes=True)
+    gpu = GPUSpec(
+        name="cpu",
+        memory_gb=host_gb / count,
+        peak_tflops={"fp32": per_process_tflops, "bf16": per_process_tflops / 6},
+        hbm_tb_s=0.01,
+    )
+    return ClusterSpec(
+        name="local",
+        nodes=1,
+        gpus_per_node=count,
+        gpu=gpu,
+        intra_node_gb_s=2.0,
+        inter_node_gb_s=1.0,
+        host_memory_gb=host_gb,
+        pcie_gb_s=10.0,
+        cpu_processes=True,
+    )
 
 
 def load_config(
@@ -232,13 +267,19 @@ def load_config(
     """Model, cluster and training setup from CLI-style references; None takes the default."""
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster, processes)
-    train: dict[str, Any] = {"seq_length": min(model_spec.max_position_embeddings, 4096),
-                             "global_batch_size": 512}
+    train: dict[str, Any] = {
+        "seq_length": min(model_spec.max_position_embeddings, 4096),
+        "global_batch_size": 512,
+    }
     train.update(default_train(model))
     if cluster_spec.cpu_processes:
         train["precision"] = "fp32"
-    overrides = {"seq_length": seq_length, "global_batch_size": global_batch_size,
-                 "precision": precision, "framework": framework}
+    overrides = {
+        "seq_length": seq_length,
+        "global_batch_size": global_batch_size,
+        "precision": precision,
+        "framework": framework,
+    }
     train.update({key: value for key, value in overrides.items() if value is not None})
     train_spec = _build(TrainSpec, train, "training setup")
     if train_spec.precision not in cluster_spec.gpu.peak_tflops:

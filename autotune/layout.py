@@ -1,4 +1,4 @@
-"""A parallel layout (the unit every stage passes along) and its columnar form for fast evaluation."""
+"""A parallel layout (the unit every stage passes along) and its columnar form for fast use."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class Layout:
 
     @property
     def text(self) -> str:
-        """The CLI form, e.g. `tp=8,pp=4,cp=1,vpp=1,zero=1,offload=none,mbs=1,recompute=selective`."""
+        """The CLI form, e.g. `tp=8,pp=4,cp=1,vpp=1,zero=1,offload=none,mbs=1,...`."""
         return (
             f"tp={self.tp},pp={self.pp},cp={self.cp},vpp={self.vpp},zero={self.zero},"
             f"offload={self.offload},mbs={self.mbs},recompute={self.recompute},"
@@ -142,10 +142,17 @@ class Layout:
         if zero > 3:
             raise AutotuneError(f"--layout: zero={zero} must be 0, 1, 2 or 3")
         return cls(
-            tp=tp, pp=pp, dp=dp, cp=cp, vpp=integer("vpp", 1), zero=zero,
-            offload=choice("offload", OFFLOADS, "none"), mbs=mbs,
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            cp=cp,
+            vpp=integer("vpp", 1),
+            zero=zero,
+            offload=choice("offload", OFFLOADS, "none"),
+            mbs=mbs,
             gas=global_batch_size // (mbs * dp),
-            recompute=choice("recompute", RECOMPUTES, "none"), sp=sp in ("on", "true", "1"),
+            recompute=choice("recompute", RECOMPUTES, "none"),
+            sp=sp in ("on", "true", "1"),
         )
 
 
@@ -191,7 +198,9 @@ class LayoutTable:
 
     def take(self, index: np.ndarray) -> LayoutTable:
         """The rows selected by a boolean mask or an index array."""
-        return LayoutTable(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
+        return LayoutTable(
+            **{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)}
+        )
 
     def row(self, i: int) -> Layout:
         """Row i as a Layout."""

@@ -5,7 +5,8 @@ Model states follow DeepSpeed's estimators (`estimate_zero2/3_model_states_mem_n
 and Megatron-LM's `theoretical_memory_usage` (18 B/param, 6 + 12/d with the distributed
 optimizer). Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models", §4): per layer s·b·h·(10 + 24/t) bytes plus 5·a·s²·b/t for the attention
-scores, generalised here to GQA and SwiGLU; sequence parallelism divides the replicated 10·sbh by t;
+scores, generalised here to GQA and SwiGLU; sequence parallelism divides the replicated 10·sbh
+by t;
 flash attention and selective recompute drop the score term; full recompute keeps only each
 layer's 2·s·b·h input. The first 1F1B stage holds min(m, p) micro-batches in flight, p + (p−1)/v
 with interleaving (Megatron's factor). The last stage holds the fp32 logits.
@@ -23,9 +24,7 @@ from autotune.specs import AutotuneConfig
 from autotune.stages import split_layers
 
 GIB = 1024**3
-MEMORY_PARTS = (
-    "weights", "gradients", "optimizer", "activations", "logits", "buffers", "runtime"
-)
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "runtime")
 """Named parts of the per-GPU memory estimate, in report order."""
 
 
@@ -38,7 +37,9 @@ def _microbatches(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
     return np.maximum(cfg.train.global_batch_size // np.maximum(t.mbs * t.dp, 1), 1)
 
 
-def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, traffic: bool = False) -> np.ndarray:
+def layer_activation_bytes(
+    cfg: AutotuneConfig, t: LayoutTable, traffic: bool = False
+) -> np.ndarray:
     """Bytes one layer stores for backward, for one micro-batch, without full recompute.
 
     With `traffic`, the bytes its forward writes whatever the recompute setting (the attention
@@ -85,8 +86,13 @@ def _stages(cfg: AutotuneConfig, t: LayoutTable) -> list[_Stage]:
     ]
 
 
-def params_on_rank(cfg: AutotuneConfig, t: LayoutTable, layers: np.ndarray,
-                   embedding: np.ndarray, output: np.ndarray) -> np.ndarray:
+def params_on_rank(
+    cfg: AutotuneConfig,
+    t: LayoutTable,
+    layers: np.ndarray,
+    embedding: np.ndarray,
+    output: np.ndarray,
+) -> np.ndarray:
     """Parameters held (before ZeRO sharding) by one tensor-parallel rank of a stage."""
     m = cfg.model
     vocab = cfg.padded_vocab(t.tp)
@@ -124,7 +130,8 @@ def _state_bytes(cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> dic
         # 16-bit weights; 16-bit grads + fp32 grad partition; fp32 master + Adam m, v (12 B)
         weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
         grads = np.select(
-            [z == 0, z == 1, z == 2], [6 * params, 2 * params + 4 * params / n, 6 * params / n],
+            [z == 0, z == 1, z == 2],
+            [6 * params, 2 * params + 4 * params / n, 6 * params / n],
             4 * params / n + 2 * gathered,
         )
         optimizer = np.where(z == 0, 12 * params, 12 * params / n)
@@ -174,7 +181,10 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[s
         states = _state_bytes(cfg, t, params)
         activations = stage.layers * stage.in_flight * stored_per_layer
         activations = activations + full * per_layer  # one layer re-materialised at a time
-        activations = activations + embedding * stage.in_flight * (8 * s * t.mbs + s * t.mbs * m.hidden_size) / t.tp
+        activations = (
+            activations
+            + embedding * stage.in_flight * (8 * s * t.mbs + s * t.mbs * m.hidden_size) / t.tp
+        )
         logits = output * 4 * s * t.mbs * (m.hidden_size + vocab) / t.tp
         parts = {
             "weights": states["weights"],
@@ -189,9 +199,7 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[s
         candidates.append((np.where(present, total, -1.0), parts, states["host"]))
     totals = np.stack([c[0] for c in candidates])
     worst = np.argmax(totals, axis=0)
-    out = {
-        name: np.choose(worst, [c[1][name] for c in candidates]) for name in MEMORY_PARTS
-    }
+    out = {name: np.choose(worst, [c[1][name] for c in candidates]) for name in MEMORY_PARTS}
     out["total"] = np.max(totals, axis=0)
     host_per_gpu = np.max(np.stack([c[2] for c in candidates]), axis=0)
     out["host"] = host_per_gpu * cfg.cluster.gpus_per_node

@@ -27,8 +27,15 @@ from autotune.specs import AutotuneConfig
 from autotune.stages import split_layers
 
 TIME_PARTS = (
-    "compute", "tp_comm", "cp_comm", "pp_bubble", "pp_p2p", "dp_comm", "zero3_gather",
-    "offload", "optimizer",
+    "compute",
+    "tp_comm",
+    "cp_comm",
+    "pp_bubble",
+    "pp_p2p",
+    "dp_comm",
+    "zero3_gather",
+    "offload",
+    "optimizer",
 )
 """Named parts of the predicted step time, in report order."""
 
@@ -39,8 +46,12 @@ def gemm_efficiency(x: np.ndarray, k: Constants) -> np.ndarray:
 
 
 def collective_s(
-    nbytes: np.ndarray, ranks: np.ndarray, per_node: np.ndarray, factor: float,
-    cfg: AutotuneConfig, k: Constants,
+    nbytes: np.ndarray,
+    ranks: np.ndarray,
+    per_node: np.ndarray,
+    factor: float,
+    cfg: AutotuneConfig,
+    k: Constants,
 ) -> np.ndarray:
     """Time of a ring collective over `ranks` GPUs, `per_node` of them sharing a node.
 
@@ -52,10 +63,16 @@ def collective_s(
     local = np.maximum(np.minimum(per_node, ranks), 1)
     nodes = np.maximum(ranks / local, 1)
     intra = factor * (local - 1) / local * nbytes / (c.intra_node_gb_s * 1e9 * k.comm_efficiency)
-    inter = factor * (nodes - 1) / nodes * (nbytes / local) / (
-        c.inter_node_gb_s * 1e9 * k.comm_efficiency
+    inter = (
+        factor
+        * (nodes - 1)
+        / nodes
+        * (nbytes / local)
+        / (c.inter_node_gb_s * 1e9 * k.comm_efficiency)
     )
-    latency = factor * ((local - 1) * k.latency_intra_s + np.ceil(np.log2(nodes)) * k.latency_inter_s)
+    latency = factor * (
+        (local - 1) * k.latency_intra_s + np.ceil(np.log2(nodes)) * k.latency_inter_s
+    )
     return np.where(ranks > 1, intra + inter + latency, 0.0)
 
 
@@ -64,7 +81,7 @@ def _link_gb_s(cfg: AutotuneConfig, crosses_node: np.ndarray) -> np.ndarray:
 
 
 def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str, np.ndarray]:
-    """Step-time parts (seconds) and `total`, plus `microbatch_s` (one micro-batch, slowest stage)."""
+    """Step-time parts (s) and `total`, plus `microbatch_s` (one micro-batch, slowest stage)."""
     m, train, c = cfg.model, cfg.train, cfg.cluster
     gpn = c.gpus_per_node
     peak = c.gpu.peak_tflops[train.precision] * 1e12
@@ -86,8 +103,10 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     head_flops = tokens * logits_flops_per_token(m, vocab) / t.tp
     on_last = np.where(t.pp == 1, layers, split.last)
     stage_flops = np.maximum(layers * layer_flops, on_last * layer_flops + head_flops)
-    elementwise = k.elementwise_passes * layer_activation_bytes(cfg, t, traffic=True) * (
-        1 + (t.recompute == 2) / 2
+    elementwise = (
+        k.elementwise_passes
+        * layer_activation_bytes(cfg, t, traffic=True)
+        * (1 + (t.recompute == 2) / 2)
     )
     # the last stage also moves the logits: 16-bit output, fp32 softmax and its gradient
     logits_traffic = k.elementwise_passes * 6 * tokens * vocab / t.tp
@@ -102,7 +121,9 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     tp_mb = layers * collectives * tp_one
 
     # context parallel
-    kv_bytes = 2 * t.mbs * s_local * m.head_dim * m.query_groups * 2 / np.minimum(t.tp, m.query_groups)
+    kv_bytes = (
+        2 * t.mbs * s_local * m.head_dim * m.query_groups * 2 / np.minimum(t.tp, m.query_groups)
+    )
     cp_link = _link_gb_s(cfg, t.tp * t.cp > gpn) * k.comm_efficiency
     attn_s = tokens * attention / t.tp / (peak * eff)
     if train.framework == "megatron":  # ring: (cp-1) K/V passes forward, twice that backward

@@ -41,8 +41,13 @@ class Rule:
     def explain(self, cfg: AutotuneConfig, layout: Layout, **extra: object) -> str:
         """The reason with this layout's values filled in."""
         return self.reason.format(
-            m=cfg.model, c=cfg.cluster, t=cfg.train, l=layout, world=cfg.world_size,
-            gpn=cfg.cluster.gpus_per_node, **extra,
+            m=cfg.model,
+            c=cfg.cluster,
+            t=cfg.train,
+            l=layout,
+            world=cfg.world_size,
+            gpn=cfg.cluster.gpus_per_node,
+            **extra,
         )
 
 
@@ -68,20 +73,26 @@ def rules_for(framework: str) -> list[Rule]:
 # --- grid and batch --------------------------------------------------------------------------
 
 
-@rule("world_divisible_by_tp_pp_cp",
-      "world = tp·pp·cp·dp: tp·pp·cp = {l.tp}·{l.pp}·{l.cp} must divide the {world} GPUs")
+@rule(
+    "world_divisible_by_tp_pp_cp",
+    "world = tp·pp·cp·dp: tp·pp·cp = {l.tp}·{l.pp}·{l.cp} must divide the {world} GPUs",
+)
 def _world(cfg, t, k):
     return (cfg.world_size % (t.tp * t.pp * t.cp) != 0) | (t.dp < 1)
 
 
-@rule("tp_within_node",
-      "tensor parallelism needs NVLink: tp={l.tp} must divide the {gpn} GPUs of one node")
+@rule(
+    "tp_within_node",
+    "tensor parallelism needs NVLink: tp={l.tp} must divide the {gpn} GPUs of one node",
+)
 def _tp_node(cfg, t, k):
     return cfg.cluster.gpus_per_node % t.tp != 0
 
 
-@rule("gbs_divisible_by_mbs_dp",
-      "global batch {t.global_batch_size} must be divisible by mbs·dp = {l.mbs}·{l.dp}")
+@rule(
+    "gbs_divisible_by_mbs_dp",
+    "global batch {t.global_batch_size} must be divisible by mbs·dp = {l.mbs}·{l.dp}",
+)
 def _gbs(cfg, t, k):
     return cfg.train.global_batch_size % (t.mbs * t.dp) != 0
 
@@ -89,15 +100,19 @@ def _gbs(cfg, t, k):
 # --- tensor parallelism ----------------------------------------------------------------------
 
 
-@rule("heads_divisible_by_tp",
-      "num_attention_heads ({m.num_attention_heads}) must be divisible by tp ({l.tp})")
+@rule(
+    "heads_divisible_by_tp",
+    "num_attention_heads ({m.num_attention_heads}) must be divisible by tp ({l.tp})",
+)
 def _heads(cfg, t, k):
     return cfg.model.num_attention_heads % t.tp != 0
 
 
-@rule("query_groups_divisible_by_tp",
-      "num_query_groups ({m.query_groups}) must be divisible by tp ({l.tp}) "
-      "(Megatron also accepts tp divisible by the groups)")
+@rule(
+    "query_groups_divisible_by_tp",
+    "num_query_groups ({m.query_groups}) must be divisible by tp ({l.tp}) "
+    "(Megatron also accepts tp divisible by the groups)",
+)
 def _groups(cfg, t, k):
     g = cfg.model.query_groups
     if cfg.train.framework == "megatron":
@@ -115,21 +130,29 @@ def _hidden(cfg, t, k):
     return cfg.model.hidden_size % t.tp != 0
 
 
-@rule("sp_needs_tp", "sequence parallelism splits along tp: it needs tp > 1 (Megatron turns it off)",
-      ("megatron",))
+@rule(
+    "sp_needs_tp",
+    "sequence parallelism splits along tp: it needs tp > 1 (Megatron turns it off)",
+    ("megatron",),
+)
 def _sp_tp(cfg, t, k):
     return t.sp & (t.tp == 1)
 
 
-@rule("seq_divisible_by_tp_with_sp",
-      "with sequence parallelism seq/cp ({t.seq_length}/{l.cp}) must be divisible by tp ({l.tp})",
-      ("megatron",))
+@rule(
+    "seq_divisible_by_tp_with_sp",
+    "with sequence parallelism seq/cp ({t.seq_length}/{l.cp}) must be divisible by tp ({l.tp})",
+    ("megatron",),
+)
 def _seq_sp(cfg, t, k):
     return t.sp & ((cfg.train.seq_length // t.cp) % t.tp != 0)
 
 
-@rule("deepspeed_no_megatron_sp",
-      "DeepSpeed has no Megatron-style sequence parallelism (use cp for Ulysses)", ("deepspeed",))
+@rule(
+    "deepspeed_no_megatron_sp",
+    "DeepSpeed has no Megatron-style sequence parallelism (use cp for Ulysses)",
+    ("deepspeed",),
+)
 def _ds_sp(cfg, t, k):
     return t.sp
 
@@ -137,21 +160,40 @@ def _ds_sp(cfg, t, k):
 # --- pipeline --------------------------------------------------------------------------------
 
 
-@rule("layers_divisible_by_pp_vpp",
-      "num_layers ({m.num_layers}) must split over pp·vpp = {l.pp}·{l.vpp} chunks, evenly or with "
-      "smaller first/last stages as Megatron allows")
+@rule(
+    "layers_divisible_by_pp_vpp",
+    "num_layers ({m.num_layers}) must split over pp·vpp = {l.pp}·{l.vpp} chunks, evenly or with "
+    "smaller first/last stages as Megatron allows",
+)
 def _layers(cfg, t, k):
     return ~split_layers(cfg, t.pp, t.vpp).legal
 
 
-@rule("vpp_needs_pp", "virtual pipeline stages interleave a pipeline: vpp={l.vpp} needs pp > 1",
-      ("megatron",))
+@rule(
+    "vpp_needs_pp",
+    "virtual pipeline stages interleave a pipeline: vpp={l.vpp} needs pp > 1",
+    ("megatron",),
+)
 def _vpp_pp(cfg, t, k):
     return (t.vpp > 1) & (t.pp == 1)
 
 
-@rule("deepspeed_no_virtual_pipeline",
-      "DeepSpeed's pipeline engine has no interleaved schedule: vpp must be 1", ("deepspeed",))
+@rule(
+    "interleave_microbatches_divisible_by_pp",
+    "Megatron's interleaved schedule runs micro-batches in groups of pp: micro-batches "
+    "gbs/(mbs·dp) = {t.global_batch_size}/({l.mbs}·{l.dp}) must be a multiple of pp ({l.pp})",
+    ("megatron",),
+)
+def _interleave_m(cfg, t, k):
+    micro = cfg.train.global_batch_size // np.maximum(t.mbs * t.dp, 1)
+    return (t.vpp > 1) & (micro % t.pp != 0)
+
+
+@rule(
+    "deepspeed_no_virtual_pipeline",
+    "DeepSpeed's pipeline engine has no interleaved schedule: vpp must be 1",
+    ("deepspeed",),
+)
 def _ds_vpp(cfg, t, k):
     return t.vpp > 1
 
@@ -159,23 +201,32 @@ def _ds_vpp(cfg, t, k):
 # --- context parallelism ---------------------------------------------------------------------
 
 
-@rule("seq_divisible_by_2cp",
-      "context parallelism splits each sequence into 2·cp chunks: seq ({t.seq_length}) must be "
-      "divisible by 2·cp = {l.cp}·2", ("megatron",))
+@rule(
+    "seq_divisible_by_2cp",
+    "context parallelism splits each sequence into 2·cp chunks: seq ({t.seq_length}) must be "
+    "divisible by 2·cp = {l.cp}·2",
+    ("megatron",),
+)
 def _seq_cp(cfg, t, k):
     return (t.cp > 1) & (cfg.train.seq_length % (2 * t.cp) != 0)
 
 
-@rule("seq_divisible_by_cp",
-      "Ulysses splits each sequence over cp ranks: seq ({t.seq_length}) must be divisible by "
-      "cp ({l.cp})", ("deepspeed",))
+@rule(
+    "seq_divisible_by_cp",
+    "Ulysses splits each sequence over cp ranks: seq ({t.seq_length}) must be divisible by "
+    "cp ({l.cp})",
+    ("deepspeed",),
+)
 def _seq_ulysses(cfg, t, k):
     return cfg.train.seq_length % t.cp != 0
 
 
-@rule("ulysses_heads_divisible_by_cp",
-      "Ulysses re-partitions heads over cp: query ({m.num_attention_heads}) and key/value "
-      "({m.query_groups}) heads per tp rank must be divisible by cp ({l.cp})", ("deepspeed",))
+@rule(
+    "ulysses_heads_divisible_by_cp",
+    "Ulysses re-partitions heads over cp: query ({m.num_attention_heads}) and key/value "
+    "({m.query_groups}) heads per tp rank must be divisible by cp ({l.cp})",
+    ("deepspeed",),
+)
 def _ulysses_heads(cfg, t, k):
     m = cfg.model
     return ((m.num_attention_heads // t.tp) % t.cp != 0) | ((m.query_groups // t.tp) % t.cp != 0)
@@ -184,9 +235,12 @@ def _ulysses_heads(cfg, t, k):
 # --- ZeRO, distributed optimizer and offload -------------------------------------------------
 
 
-@rule("zero_ge2_with_pp",
-      "DeepSpeed: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism (zero={l.zero}, "
-      "pp={l.pp})", ("deepspeed",))
+@rule(
+    "zero_ge2_with_pp",
+    "DeepSpeed: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism (zero={l.zero}, "
+    "pp={l.pp})",
+    ("deepspeed",),
+)
 def _ds_zero_pp(cfg, t, k):
     return (t.zero >= 2) & (t.pp > 1)
 
@@ -196,29 +250,38 @@ def _offload_zero(cfg, t, k):
     return (t.offload >= 1) & (t.zero == 0)
 
 
-@rule("param_offload_needs_zero3", "parameter offload (offload_param) needs ZeRO-3",
-      ("deepspeed",))
+@rule(
+    "param_offload_needs_zero3", "parameter offload (offload_param) needs ZeRO-3", ("deepspeed",)
+)
 def _param_offload(cfg, t, k):
     return (t.offload == 2) & (t.zero < 3)
 
 
-@rule("megatron_no_param_offload",
-      "Megatron-LM offloads optimizer states only (--optimizer-cpu-offload), not parameters",
-      ("megatron",))
+@rule(
+    "megatron_no_param_offload",
+    "Megatron-LM offloads optimizer states only (--optimizer-cpu-offload), not parameters",
+    ("megatron",),
+)
 def _mlm_param_offload(cfg, t, k):
     return t.offload == 2
 
 
-@rule("offload_needs_distributed_optimizer",
-      "Megatron --optimizer-cpu-offload needs --use-precision-aware-optimizer, which needs the "
-      "distributed optimizer (zero=1)", ("megatron",))
+@rule(
+    "offload_needs_distributed_optimizer",
+    "Megatron --optimizer-cpu-offload needs --use-precision-aware-optimizer, which needs the "
+    "distributed optimizer (zero=1)",
+    ("megatron",),
+)
 def _mlm_offload(cfg, t, k):
     return (t.offload >= 1) & (t.zero != 1)
 
 
-@rule("megatron_fsdp_without_pp",
-      "Megatron-FSDP (zero=2/3: --use-megatron-fsdp) runs without pipeline parallelism",
-      ("megatron",))
+@rule(
+    "megatron_fsdp_without_pp",
+    "Megatron-FSDP (zero=2/3: --use-megatron-fsdp) is not tested upstream with pipeline "
+    "parallelism (no test or example); autotune keeps it to pp=1",
+    ("megatron",),
+)
 def _fsdp_pp(cfg, t, k):
     return (t.zero >= 2) & (t.pp > 1)
 
@@ -226,15 +289,19 @@ def _fsdp_pp(cfg, t, k):
 # --- memory ----------------------------------------------------------------------------------
 
 
-@rule("memory_fits",
-      "peak memory {need_gib:.1f} GiB exceeds the usable {have_gib:.1f} GiB of a "
-      "{c.gpu.memory_gb:g} GB GPU (after the fragmentation margin)")
+@rule(
+    "memory_fits",
+    "peak memory {need_gib:.1f} GiB exceeds the usable {have_gib:.1f} GiB of a "
+    "{c.gpu.memory_gb:g} GB GPU (after the fragmentation margin)",
+)
 def _memory(cfg, t, k):
     return estimate_memory(cfg, t, k)["total"] > usable_gpu_bytes(cfg, k)
 
 
-@rule("host_memory_fits",
-      "offloaded states need {need_gib:.1f} GiB of host memory per node; {have_gib:.1f} GiB usable")
+@rule(
+    "host_memory_fits",
+    "offloaded states need {need_gib:.1f} GiB of host memory per node; {have_gib:.1f} GiB usable",
+)
 def _host(cfg, t, k):
     return estimate_memory(cfg, t, k)["host"] > usable_host_bytes(cfg, k)
 

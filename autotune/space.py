@@ -99,18 +99,37 @@ def load_space(ref: str | None, framework: str) -> SearchSpace:
 def candidates(cfg: AutotuneConfig, space: SearchSpace) -> LayoutTable:
     """The full cartesian product of the space, with dp and gas derived (0 where impossible)."""
     grids = np.meshgrid(
-        np.array(space.tp), np.array(space.pp), np.array(space.cp), np.array(space.vpp),
-        np.array(space.zero), np.array([OFFLOADS.index(o) for o in space.offload]),
-        np.array(space.mbs), np.array([RECOMPUTES.index(r) for r in space.recompute]),
-        np.array(space.sp, dtype=bool), indexing="ij",
+        np.array(space.tp),
+        np.array(space.pp),
+        np.array(space.cp),
+        np.array(space.vpp),
+        np.array(space.zero),
+        np.array([OFFLOADS.index(o) for o in space.offload]),
+        np.array(space.mbs),
+        np.array([RECOMPUTES.index(r) for r in space.recompute]),
+        np.array(space.sp, dtype=bool),
+        indexing="ij",
     )
     tp, pp, cp, vpp, zero, offload, mbs, recompute, sp = (g.ravel() for g in grids)
-    tp, pp, cp, vpp, zero, offload, mbs = (a.astype(np.int64) for a in (tp, pp, cp, vpp, zero, offload, mbs))
+    tp, pp, cp, vpp, zero, offload, mbs = (
+        a.astype(np.int64) for a in (tp, pp, cp, vpp, zero, offload, mbs)
+    )
     product = tp * pp * cp
     dp = np.where(cfg.world_size % product == 0, cfg.world_size // product, 0)
     gas = np.where(dp > 0, cfg.train.global_batch_size // np.maximum(mbs * dp, 1), 0)
-    return LayoutTable(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, zero=zero, offload=offload,
-                       mbs=mbs, gas=gas, recompute=recompute.astype(np.int64), sp=sp)
+    return LayoutTable(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        vpp=vpp,
+        zero=zero,
+        offload=offload,
+        mbs=mbs,
+        gas=gas,
+        recompute=recompute.astype(np.int64),
+        sp=sp,
+    )
 
 
 @dataclasses.dataclass(slots=True)
@@ -133,7 +152,7 @@ def _take(values: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
 def enumerate_layouts(
     cfg: AutotuneConfig, space: SearchSpace, k: Constants | None = None
 ) -> Enumeration:
-    """Apply every rule of the framework to the space; rank the survivors by predicted throughput."""
+    """Apply the framework's rules to the space; rank survivors by predicted throughput."""
     k = k or constants_for(cfg.cluster.gpu)
     table = candidates(cfg, space)
     total = len(table)
@@ -154,5 +173,7 @@ def no_feasible_message(result: Enumeration) -> str:
     """Why nothing survived: the rules that removed candidates, largest first."""
     top = sorted(((n, c) for n, c in result.removed.items() if c), key=lambda item: -item[1])
     listed = "; ".join(f"{name} removed {count}" for name, count in top)
-    return (f"no feasible layout among {result.total} candidates ({listed}). Widen the search space, "
-            "add GPUs, or lower --gbs/--seq.")
+    return (
+        f"no feasible layout among {result.total} candidates ({listed}). Widen the search space, "
+        "add GPUs, or lower --gbs/--seq."
+    )

@@ -20,11 +20,11 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from autotune import constants as constants_module
 from autotune.calibration import best_layout
 from autotune.calibration import fit_constants
 from autotune.calibration import predicted_step_s
 from autotune.calibration import published_points
-from autotune import constants as constants_module
 from autotune.constants import Constants
 from autotune.constants import constants_for
 from autotune.resources import resource_dir
@@ -42,7 +42,7 @@ def write_constants(fitted: dict[str, Constants]) -> Path:
     if "h100-sxm-80gb" in table:
         table.setdefault("h200-sxm-141gb", dict(table["h100-sxm-80gb"]))
     header = (
-        "# Calibrated constants per GPU preset (see autotune/constants.py for meaning and units).\n"
+        "# Calibrated constants per GPU preset (autotune/constants.py gives meaning and units).\n"
         "# Written by `python benchmarks/accuracy.py --fit` from the published runs in\n"
         "# ../shared/data/published_runs_calibration.csv; H200 reuses the H100 fit (same die).\n"
     )
@@ -58,14 +58,26 @@ def main() -> None:
     points = published_points(args.data)
     gpus = sorted({p.gpu for p in points})
     if args.fit:
-        fitted = {g: fit_constants([p for p in points if p.gpu == g], Constants(), FITTED) for g in gpus}
+        fitted = {
+            g: fit_constants([p for p in points if p.gpu == g], Constants(), FITTED) for g in gpus
+        }
         print(f"wrote {write_constants(fitted)}")
         constants_module._table.cache_clear()
     console = Console(width=140)
     table = Table(title="Predicted vs published throughput (TFLOP/s per GPU, row's convention)")
-    for column in ("row", "model", "GPUs", "layout (model's pick where unpublished)",
-                   "published", "predicted", "error"):
-        table.add_column(column, justify="right" if column in ("GPUs", "published", "predicted", "error") else "left")
+    for column in (
+        "row",
+        "model",
+        "GPUs",
+        "layout (model's pick where unpublished)",
+        "published",
+        "predicted",
+        "error",
+    ):
+        table.add_column(
+            column,
+            justify="right" if column in ("GPUs", "published", "predicted", "error") else "left",
+        )
     errors: dict[str, list[float]] = {g: [] for g in gpus}
     for p in points:
         k = constants_for(p.cfg.cluster.gpu)
@@ -74,8 +86,15 @@ def main() -> None:
         error = predicted - 1
         errors[p.gpu].append(error)
         layout = best_layout(p, k)
-        table.add_row(p.name, p.cfg.model.name, str(p.cfg.world_size), layout.id,
-                      f"{published:.1f}", f"{published * predicted:.1f}", f"{error:+.1%}")
+        table.add_row(
+            p.name,
+            p.cfg.model.name,
+            str(p.cfg.world_size),
+            layout.id,
+            f"{published:.1f}",
+            f"{published * predicted:.1f}",
+            f"{error:+.1%}",
+        )
     console.print(table)
     summary = Table(title="Error summary (|predicted/published - 1|)")
     for column in ("GPU", "rows", "median", "max"):
@@ -84,8 +103,9 @@ def main() -> None:
     for g in gpus:
         e = np.abs(np.array(errors[g]))
         summary.add_row(g, str(len(e)), f"{np.median(e):.1%}", f"{np.max(e):.1%}")
-    summary.add_row("all", str(len(everything)), f"{np.median(everything):.1%}",
-                    f"{np.max(everything):.1%}")
+    summary.add_row(
+        "all", str(len(everything)), f"{np.median(everything):.1%}", f"{np.max(everything):.1%}"
+    )
     console.print(summary)
     ok = np.median(everything) <= 0.05 and np.max(everything) <= 0.12
     console.print(f"target median <= 5 %, max <= 12 %: {'met' if ok else 'NOT met'}")

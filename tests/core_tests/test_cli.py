@@ -1,0 +1,86 @@
+"""The CLI: tables, JSON keys, and exit code 2 with one clear line on bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import _run
+from autotune.cli import app
+
+runner = CliRunner()
+
+
+def _invoke(args: list[str]) -> tuple[int, str]:
+    import sys
+
+    saved = sys.argv
+    sys.argv = ["autotune", *args]
+    try:
+        result = runner.invoke(app, args)
+    finally:
+        sys.argv = saved
+    return result.exit_code, result.output
+
+
+def test_estimate_json_keys() -> None:
+    code, out = _invoke(
+        [
+            "estimate",
+            "-m",
+            "llama2-7b",
+            "-c",
+            "dgx-a100:1",
+            "-l",
+            "tp=2,zero=1,mbs=1,recompute=selective",
+            "--json",
+        ]
+    )
+    assert code == 0
+    data = json.loads(out)
+    for key in (
+        "step_time_s",
+        "tokens_per_s",
+        "tflops_per_gpu",
+        "hw_tflops_per_gpu",
+        "mfu",
+        "peak_memory_bytes",
+        "memory",
+        "time",
+    ):
+        assert key in data
+    assert set(data["memory"]) == {"parts", "total"}
+    assert data["memory"]["total"] == pytest.approx(sum(data["memory"]["parts"].values()))
+    assert data["time"]["total"] == pytest.approx(sum(data["time"]["parts"].values()))
+
+
+def test_space_json_and_table() -> None:
+    code, out = _invoke(["space", "-m", "gpt3-6.7b", "-c", "dgx-a100:2", "--top", "3", "--json"])
+    assert code == 0
+    data = json.loads(out)
+    assert len(data["top"]) == 3 and data["feasible"] > 0 and "memory_fits" in data["removed"]
+    code, out = _invoke(["space", "-m", "gpt3-6.7b", "-c", "dgx-a100:2", "--top", "3"])
+    assert code == 0 and "memory_fits" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["space", "-m", "no-such-model", "-c", "dgx-a100:1"], "presets"),
+        (["space", "-m", "gpt3-175b", "-c", "dgx-a100:1"], "no feasible layout"),
+        (["estimate", "-m", "llama2-7b", "-c", "dgx-a100:1", "-l", "tp=3"], "does not divide"),
+        (["space", "-m", "llama2-7b", "-c", "dgx-a100:1", "--framework", "jax"], "framework"),
+        (["space", "-m", "llama2-7b", "-c", "dgx-a100:1", "--gbs", "0"], "global_batch_size"),
+    ],
+)
+def test_bad_input_exits_2_without_traceback(args, message, capsys) -> None:
+    import sys
+
+    sys.argv = ["autotune", *args]
+    code = _run(lambda **kw: app(args=args, **kw))
+    captured = capsys.readouterr()
+    assert code == 2
+    assert message in captured.err.replace("\n", " ")
+    assert "Traceback" not in captured.err + captured.out

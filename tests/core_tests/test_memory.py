@@ -1,0 +1,149 @@
+"""Memory model against DeepSpeed's own estimators and Megatron-LM's formulas."""
+
+from __future__ import annotations
+
+import pytest
+from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+from autotune.constants import Constants
+from autotune.estimate import estimate
+from autotune.inputs import load_config
+from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.memory import GIB
+from autotune.memory import largest_module_params
+
+K = Constants()
+
+
+def _model_states(cfg, layout: Layout) -> float:
+    parts = estimate(cfg, layout, K).memory_parts
+    return parts["weights"] + parts["gradients"] + parts["optimizer"]
+
+
+@pytest.mark.parametrize("preset", ["llama2-7b", "gpt3-1.3b", "llama3-8b", "gpt3-13b"])
+@pytest.mark.parametrize("nodes", [1, 4])
+@pytest.mark.parametrize("offload", [False, True])
+def test_zero2_matches_deepspeed_estimator(preset: str, nodes: int, offload: bool) -> None:
+    cfg = load_config(
+        preset, f"dgx-a100:{nodes}", framework="deepspeed", global_batch_size=64 * nodes
+    )
+    layout = Layout.parse(
+        f"zero=2,offload={'optimizer' if offload else 'none'}",
+        cfg.world_size,
+        cfg.train.global_batch_size,
+        "deepspeed",
+    )
+    params = cfg.model.num_params()
+    _, gpu = estimate_zero2_model_states_mem_needs(params, 8, nodes, cpu_offload=offload)
+    assert _model_states(cfg, layout) == pytest.approx(gpu, rel=0.01)
+
+
+@pytest.mark.parametrize("preset", ["llama2-7b", "gpt3-6.7b", "llama2-13b"])
+@pytest.mark.parametrize("nodes", [1, 4])
+@pytest.mark.parametrize("offload", ["none", "optimizer", "optimizer+params"])
+def test_zero3_matches_deepspeed_estimator(preset: str, nodes: int, offload: str) -> None:
+    cfg = load_config(
+        preset, f"dgx-a100:{nodes}", framework="deepspeed", global_batch_size=64 * nodes
+    )
+    layout = Layout.parse(
+        f"zero=3,offload={offload}", cfg.world_size, cfg.train.global_batch_size, "deepspeed"
+    )
+    largest = int(largest_module_params(cfg, LayoutTable.from_layouts([layout]))[0])
+    _, gpu, _ = estimate_zero3_model_states_mem_needs(
+        cfg.model.num_params(),
+        largest,
+        8,
+        nodes,
+        cpu_offload=offload != "none",
+        cpu_offload_params=offload == "optimizer+params",
+    )
+    assert _model_states(cfg, layout) == pytest.approx(gpu, rel=0.01)
+
+
+def test_megatron_reference_example_gpt3_175b() -> None:
+    """Megatron's theoretical_memory_usage: 10.04 GiB weights+optimizer, 9.61 GiB activations."""
+    cfg = load_config("gpt3-175b", "dgx-a100:128", global_batch_size=1536)
+    layout = Layout.parse(
+        "tp=8,pp=16,zero=1,mbs=1,recompute=selective", cfg.world_size, 1536, "megatron"
+    )
+    parts = estimate(cfg, layout, K).memory_parts
+    assert _model_states(cfg, layout) / GIB == pytest.approx(10.04, rel=0.02)
+    assert parts["activations"] / GIB == pytest.approx(9.61, rel=0.02)
+
+
+def _megatron_formula(cfg, layout: Layout) -> tuple[float, float]:
+    """Megatron-LM theoretical_memory_usage.py, as shared/reference/megatron-lm.md gives it."""
+    m = cfg.model
+    h, a, g, f, layers = m.hidden_size, m.num_attention_heads, m.query_groups, m.ffn, m.num_layers
+    d, t, p, v, b, s = h // a, layout.tp, layout.pp, layout.vpp, layout.mbs, cfg.train.seq_length
+    vocab = cfg.padded_vocab(t)
+    gamma, n = (1.5 if m.gated else 1.0), m.norm_factor
+    per_layer = 2 * h * d * (a + g) + 2 * h * f * gamma + 2 * h * n
+    sharded = (per_layer * layers / p + h * vocab) / t
+    if not m.tied_embeddings and p == 1:
+        sharded += h * vocab / t
+    replicated = 0  # norms are folded into per_layer above, as in Megatron's count
+    beta = 6 + 12 / layout.dp if layout.zero == 1 else 18
+    states = (sharded + replicated) * beta
+    microbatches = cfg.train.global_batch_size // (b * layout.dp)
+    rho = 1 + (p - 1) / (p * v) if v > 1 else (min(1, microbatches / p) if p > 1 else 1)
+    act = (s * b * h * (18 + 4 * f / h) * layers + 8 * s * b * p + s * b * h * p) * rho
+    if p == 1:
+        act += 4 * s * b * h * (1 + vocab / h)
+    return states, act / t
+
+
+@pytest.mark.parametrize(
+    ("preset", "cluster", "text"),
+    [
+        ("gpt3-175b", "dgx-a100:128", "tp=8,pp=16,zero=1,mbs=1,recompute=selective"),
+        ("gpt3-175b", "dgx-a100:64", "tp=8,pp=8,vpp=3,zero=1,mbs=1,recompute=selective"),
+        ("gpt3-13b", "dgx-a100:4", "tp=4,pp=2,zero=1,mbs=2,recompute=selective"),
+        ("gpt3-6.7b", "dgx-a100:2", "tp=2,pp=1,zero=0,mbs=4,recompute=selective"),
+        ("gpt3-1.3b", "dgx-a100:1", "tp=2,pp=1,zero=1,mbs=8,recompute=selective"),
+    ],
+)
+def test_megatron_formula_within_two_percent(preset: str, cluster: str, text: str) -> None:
+    cfg = load_config(preset, cluster)
+    layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, "megatron")
+    states, act = _megatron_formula(cfg, layout)
+    parts = estimate(cfg, layout, K).memory_parts
+    assert _model_states(cfg, layout) == pytest.approx(states, rel=0.02)
+    assert parts["activations"] + parts["logits"] == pytest.approx(act, rel=0.02)
+
+
+def test_recompute_and_flash_order_activations() -> None:
+    cfg = load_config("llama2-7b", "dgx-a100:1")
+    sizes = {}
+    for recompute in ("none", "selective", "full"):
+        layout = Layout.parse(f"tp=2,pp=2,mbs=2,recompute={recompute}", 8, 1024, "megatron")
+        sizes[recompute] = estimate(cfg, layout, K).memory_parts["activations"]
+    assert sizes["full"] < sizes["selective"] <= sizes["none"]
+    no_flash = cfg.model_copy(
+        update={"train": cfg.train.model_copy(update={"flash_attention": False})}
+    )
+    layout = Layout.parse("tp=2,pp=2,mbs=2,recompute=none", 8, 1024, "megatron")
+    assert estimate(no_flash, layout, K).memory_parts["activations"] > sizes["none"] * 2
+
+
+def test_sequence_and_context_parallel_shrink_activations() -> None:
+    cfg = load_config("llama3-8b", "dgx-h100:1")
+    base = Layout.parse("tp=4,sp=off,mbs=1", 8, 512, "megatron")
+    with_sp = Layout.parse("tp=4,sp=on,mbs=1", 8, 512, "megatron")
+    with_cp = Layout.parse("tp=4,cp=2,sp=on,mbs=1", 8, 512, "megatron")
+    act = [estimate(cfg, lay, K).memory_parts["activations"] for lay in (base, with_sp, with_cp)]
+    assert act[0] > act[1] > act[2]
+    assert act[2] == pytest.approx(act[1] / 2, rel=0.01)
+
+
+def test_interleaving_holds_more_in_flight() -> None:
+    cfg = load_config("gpt3-175b", "dgx-a100:64")
+    plain = Layout.parse("tp=8,pp=8,zero=1,mbs=1,recompute=selective", 512, 1536, "megatron")
+    interleaved = Layout.parse(
+        "tp=8,pp=8,vpp=4,zero=1,mbs=1,recompute=selective", 512, 1536, "megatron"
+    )
+    a = estimate(cfg, plain, K).memory_parts["activations"]
+    b = estimate(cfg, interleaved, K).memory_parts["activations"]
+    assert b / a == pytest.approx(1 + 7 / (8 * 4), rel=0.02)

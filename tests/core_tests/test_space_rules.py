@@ -1,0 +1,153 @@
+"""Rules and enumeration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotune.constants import Constants
+from autotune.exceptions import AutotuneError
+from autotune.inputs import load_config
+from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.rules import RULES
+from autotune.rules import violations
+from autotune.space import SearchSpace
+from autotune.space import enumerate_layouts
+from autotune.space import load_space
+from autotune.stages import uneven_edge_layers
+
+K = Constants()
+
+
+def _broken(cfg, text: str) -> list[str]:
+    layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, cfg.train.framework)
+    return [name for name, _ in violations(cfg, layout, K)]
+
+
+def test_every_rule_has_a_reason() -> None:
+    for rule in RULES.values():
+        assert rule.reason and "\n" not in rule.reason
+
+
+@pytest.mark.parametrize(
+    ("preset", "cluster", "framework", "text", "rule"),
+    [
+        ("gpt3-13b", "dgx-a100:2", "megatron", "tp=16", "tp_within_node"),
+        ("gpt3-13b", "dgx-a100:4", "megatron", "tp=8,pp=4,vpp=3", "layers_divisible_by_pp_vpp"),
+        ("llama2-7b", "dgx-a100:1", "megatron", "vpp=2", "vpp_needs_pp"),
+        ("llama2-7b", "dgx-a100:1", "megatron", "tp=1,sp=on", "sp_needs_tp"),
+        ("llama2-7b", "dgx-a100:1", "megatron", "zero=0,offload=optimizer", "offload_needs_zero"),
+        (
+            "llama2-7b",
+            "dgx-a100:1",
+            "megatron",
+            "zero=2,offload=optimizer",
+            "offload_needs_distributed_optimizer",
+        ),
+        (
+            "llama2-7b",
+            "dgx-a100:1",
+            "megatron",
+            "zero=3,offload=optimizer+params",
+            "megatron_no_param_offload",
+        ),
+        ("llama2-7b", "dgx-a100:1", "megatron", "pp=2,zero=3", "megatron_fsdp_without_pp"),
+        ("llama2-7b", "dgx-a100:1", "deepspeed", "pp=2,zero=2", "zero_ge2_with_pp"),
+        (
+            "llama2-7b",
+            "dgx-a100:1",
+            "deepspeed",
+            "zero=2,offload=optimizer+params",
+            "param_offload_needs_zero3",
+        ),
+        ("llama2-70b", "dgx-a100:2", "deepspeed", "tp=2,cp=8", "ulysses_heads_divisible_by_cp"),
+        ("llama2-7b", "dgx-a100:1", "deepspeed", "pp=2,vpp=2", "deepspeed_no_virtual_pipeline"),
+        ("llama2-7b", "dgx-a100:1", "deepspeed", "tp=2,sp=on", "deepspeed_no_megatron_sp"),
+        ("gpt3-175b", "dgx-a100:1", "megatron", "tp=8,zero=0", "memory_fits"),
+    ],
+)
+def test_rule_catches_its_case(preset, cluster, framework, text, rule) -> None:
+    cfg = load_config(preset, cluster, framework=framework)
+    assert rule in _broken(cfg, text)
+
+
+def test_heads_and_groups_divisibility() -> None:
+    cfg = load_config("tiny-gpt", "dgx-a100:2", global_batch_size=16)  # 8 heads, 4 groups
+    assert "query_groups_divisible_by_tp" not in _broken(cfg, "tp=8")  # megatron: tp % g == 0
+    ds = load_config("tiny-gpt", "dgx-a100:2", global_batch_size=16, framework="deepspeed")
+    assert "query_groups_divisible_by_tp" in _broken(ds, "tp=8")
+
+
+def test_llama3_405b_uneven_pipeline_is_legal() -> None:
+    """126 layers on pp=16: 7 + 14·8 + 7, as Llama 3 405B ran."""
+    assert uneven_edge_layers(126, 16) == 7
+    cfg = load_config("llama3-405b", "dgx-h100:2048")
+    assert "layers_divisible_by_pp_vpp" not in _broken(cfg, "tp=8,pp=16,cp=1,zero=1")
+    assert "layers_divisible_by_pp_vpp" in _broken(cfg, "tp=8,pp=16,vpp=2,cp=1,zero=1")
+
+
+def test_batch_and_sequence_rules_on_raw_layouts() -> None:
+    cfg = load_config("llama3-8b", "dgx-h100:2", seq_length=1000)
+    raw = Layout(tp=8, pp=2, dp=1, mbs=3, gas=1)
+    assert "gbs_divisible_by_mbs_dp" in [n for n, _ in violations(cfg, raw, K)]
+    cp = Layout(tp=1, cp=8, dp=2, mbs=1, gas=256)
+    assert "seq_divisible_by_2cp" in [n for n, _ in violations(cfg, cp, K)]
+
+
+def test_interleaving_needs_microbatches_divisible_by_pp() -> None:
+    cfg = load_config("gpt3-175b", "dgx-a100:64", global_batch_size=96)
+    # dp = 512 / 64 = 8, m = 96 / 8 = 12: not a multiple of pp = 8
+    assert "interleave_microbatches_divisible_by_pp" in _broken(cfg, "tp=8,pp=8,vpp=2,zero=1")
+    assert "interleave_microbatches_divisible_by_pp" not in _broken(cfg, "tp=8,pp=8,zero=1")
+
+
+def test_good_layout_has_no_violation() -> None:
+    cfg = load_config("llama3-70b", "dgx-h100:8")
+    assert _broken(cfg, "tp=8,pp=4,vpp=5,zero=1,mbs=1,recompute=selective") == []
+
+
+def test_enumeration_counts_add_up_and_rank() -> None:
+    cfg = load_config("gpt3-175b", "dgx-a100:128")
+    result = enumerate_layouts(cfg, load_space(None, "megatron"), K)
+    assert result.total == load_space(None, "megatron").size
+    assert result.total - sum(result.removed.values()) == len(result)
+    speeds = result.values["tokens_per_s"]
+    assert np.all(np.diff(speeds) <= 0)
+    # every survivor really passes every rule, one by one
+    for i in range(0, len(result), max(1, len(result) // 25)):
+        cfg_layout = result.feasible.row(i)
+        assert violations(cfg, cfg_layout, K) == []
+
+
+def test_single_and_batch_evaluation_agree() -> None:
+    cfg = load_config("llama2-13b", "dgx-a100:4", framework="deepspeed")
+    result = enumerate_layouts(cfg, load_space(None, "deepspeed"), K)
+    from autotune.estimate import estimate
+
+    for i in (0, len(result) // 2, len(result) - 1):
+        single = estimate(cfg, result.feasible.row(i), K)
+        assert single.step_time_s == pytest.approx(result.values["step_time_s"][i])
+        assert single.peak_memory_bytes == pytest.approx(result.values["peak_memory_bytes"][i])
+
+
+def test_space_validation_names_the_field(tmp_path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("dims:\n  tp: [1, 0]\n")
+    with pytest.raises(AutotuneError, match="tp"):
+        load_space(str(bad), "megatron")
+    bad.write_text("dims:\n  recompute: [sometimes]\n")
+    with pytest.raises(AutotuneError, match="recompute"):
+        load_space(str(bad), "megatron")
+    with pytest.raises(AutotuneError, match="bundled"):
+        load_space("no-such-space", "megatron")
+
+
+def test_table_roundtrip() -> None:
+    layouts = [
+        Layout(tp=2, pp=2, dp=2, zero=1, offload="optimizer", recompute="full", sp=True),
+        Layout(mbs=4, gas=2),
+    ]
+    table = LayoutTable.from_layouts(layouts)
+    assert table.rows() == layouts
+    assert SearchSpace().size > 0
