@@ -312,8 +312,11 @@ def violations(cfg: AutotuneConfig, layout: Layout, k: Constants) -> list[tuple[
     memory = None
     found = []
     for r in rules_for(cfg.train.framework):
-        if not bool(r.check(cfg, table, k)[0]):
-            continue
+        if r.name in ("memory_fits", "host_memory_fits") and found:
+            break  # memory of a structurally broken layout means nothing
+        with np.errstate(divide="ignore", invalid="ignore"):  # dp = 0 when the grid is broken
+            if not bool(r.check(cfg, table, k)[0]):
+                continue
         extra: dict[str, float] = {}
         if r.name in ("memory_fits", "host_memory_fits"):
             memory = memory or estimate_memory(cfg, table, k)

@@ -1,0 +1,79 @@
+"""The runner contract: how one trial executes and what it measures."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.layout import Layout
+from autotune.specs import AutotuneConfig
+
+STATUSES = ("ok", "oom", "nccl_timeout", "hang", "timeout", "nan", "rejected", "crash", "pruned")
+"""Every outcome a trial can have: ok, or the class of its failure."""
+
+Reporter = Callable[[int, float], bool]
+"""report(step, tokens_per_s) -> True when the trial should stop (pruned)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialPlan:
+    """Everything a runner needs for one trial."""
+
+    cfg: AutotuneConfig
+    layout: Layout
+    number: int
+    directory: Path
+    artifacts: dict[str, Path] = dataclasses.field(default_factory=dict)
+    report: Reporter = lambda step, value: False
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """What a trial measured. Units are in the names; `status` is one of STATUSES."""
+
+    status: str
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    peak_memory_bytes: float | None = None
+    step_time_spread: float | None = None
+    reason: str = ""
+    log_tail: str = ""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when the trial ran to the end and measured a throughput."""
+        return self.status == "ok" and bool(self.tokens_per_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields, for JSON and Optuna user attributes."""
+        return dataclasses.asdict(self)
+
+
+class Runner(abc.ABC):
+    """Runs trials. Lifecycle: `prepare()` once before the first trial, `run(plan)` per trial
+    (possibly from several threads with --jobs), `cleanup()` once at the end, even after errors.
+
+    `run` never raises for a failed trial: it returns a Measurement whose status names the class
+    of failure, so the study goes on. It calls `plan.report` with intermediate throughput and
+    stops the trial (killing its processes) when that returns True, returning status `pruned`.
+    """
+
+    name: str = "runner"
+    needs_artifacts: bool = False
+    """True when the runner reads the rendered configs (they are written per trial)."""
+
+    def prepare(self) -> None:
+        """Set up shared resources (no-op by default)."""
+
+    @abc.abstractmethod
+    def run(self, plan: TrialPlan) -> Measurement:
+        """Execute one trial and measure it."""
+
+    def cleanup(self) -> None:
+        """Release shared resources (no-op by default)."""

@@ -1,0 +1,120 @@
+"""The command runner: any launcher plugs in through a command template.
+
+The template is a shell command line with placeholders, each replaced by a shell-quoted value:
+{layout_json}, {ds_config}, {megatron_script}, {sbatch}, {trial_dir}, {layout} (text form),
+{world_size}. The command prints JSON: optional intermediate lines
+`{"event": "step", "tokens_per_s": ...}` and, last, one object with `step_time_s` or
+`tokens_per_s` (optional `peak_memory_gb`, `status`). Exit code, bad JSON or a timeout make a
+failed trial with the reason; the study goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import string
+from typing import Any
+
+from autotune.exceptions import AutotuneError
+from autotune.runners.base import STATUSES
+from autotune.runners.base import Measurement
+from autotune.runners.base import Runner
+from autotune.runners.base import TrialPlan
+from autotune.runners.process import run_process
+
+PLACEHOLDERS = ("layout_json", "ds_config", "megatron_script", "sbatch", "trial_dir", "layout",
+                "world_size")
+
+
+def parse_json_line(line: str) -> dict[str, Any] | None:
+    """The JSON object on a line, or None."""
+    line = line.strip()
+    if not (line.startswith("{") and line.endswith("}")):
+        return None
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def measurement_from_metrics(plan: TrialPlan, metrics: dict[str, Any]) -> Measurement:
+    """Turn the command's final JSON object into a Measurement."""
+    tokens = plan.cfg.train.tokens_per_step
+    step = metrics.get("step_time_s")
+    rate = metrics.get("tokens_per_s")
+    if step is None and rate is None:
+        return Measurement("crash", reason="final JSON has neither step_time_s nor tokens_per_s")
+    step = float(step) if step is not None else tokens / float(rate)
+    rate = float(rate) if rate is not None else tokens / step
+    status = str(metrics.get("status", "ok"))
+    if status not in STATUSES:
+        status = "crash"
+    peak = metrics.get("peak_memory_bytes")
+    if peak is None and metrics.get("peak_memory_gb") is not None:
+        peak = float(metrics["peak_memory_gb"]) * 1e9
+    return Measurement(status, step_time_s=step, tokens_per_s=rate,
+                       peak_memory_bytes=float(peak) if peak is not None else None,
+                       step_time_spread=metrics.get("step_time_spread"))
+
+
+class CommandRunner(Runner):
+    """Runs a user command per trial and reads its JSON metrics."""
+
+    name = "command"
+    needs_artifacts = True
+
+    def __init__(self, template: str, timeout_s: float = 3600.0) -> None:
+        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name}
+        unknown = fields - set(PLACEHOLDERS)
+        if unknown:
+            raise AutotuneError(
+                f"--command: unknown placeholder(s) {sorted(unknown)}; use {', '.join(PLACEHOLDERS)}")
+        self.template = template
+        self.timeout_s = timeout_s
+
+    def command_line(self, plan: TrialPlan) -> str:
+        """The template with every placeholder replaced by a quoted value."""
+        values = {
+            "layout_json": plan.artifacts.get("layout.json", plan.directory / "layout.json"),
+            "ds_config": plan.artifacts.get("ds_config.json", plan.directory / "ds_config.json"),
+            "megatron_script": plan.artifacts.get("pretrain_gpt.sh", plan.directory / "pretrain_gpt.sh"),
+            "sbatch": plan.artifacts.get("sbatch.sh", plan.directory / "sbatch.sh"),
+            "trial_dir": plan.directory,
+            "layout": plan.layout.text,
+            "world_size": plan.cfg.world_size,
+        }
+        return self.template.format(**{k: shlex.quote(str(v)) for k, v in values.items()})
+
+    def run(self, plan: TrialPlan) -> Measurement:
+        command = self.command_line(plan)
+        (plan.directory / "command.sh").write_text(command + "\n")
+        last: list[dict[str, Any]] = []
+        step = [0]
+
+        def on_line(line: str) -> bool:
+            data = parse_json_line(line)
+            if data is None:
+                return False
+            if data.get("event") == "step" and data.get("tokens_per_s"):
+                step[0] += 1
+                return plan.report(step[0], float(data["tokens_per_s"]))
+            last.append(data)
+            return False
+
+        outcome = run_process(["bash", "-c", command], cwd=plan.directory, timeout_s=self.timeout_s,
+                              on_line=on_line, stdout_path=plan.directory / "stdout.log",
+                              stderr_path=plan.directory / "stderr.log")
+        if outcome.stopped:
+            return Measurement("pruned", reason="stopped by the pruner", log_tail=outcome.tail)
+        if outcome.timed_out:
+            return Measurement("timeout", reason=f"exceeded {self.timeout_s:g} s",
+                               log_tail=outcome.tail)
+        if outcome.returncode != 0:
+            return Measurement("crash", reason=f"exit code {outcome.returncode}",
+                               log_tail=outcome.tail)
+        if not last:
+            return Measurement("crash", reason="the command printed no JSON object",
+                               log_tail=outcome.tail)
+        result = measurement_from_metrics(plan, last[-1])
+        return Measurement(**{**result.to_dict(), "log_tail": outcome.tail})

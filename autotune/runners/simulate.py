@@ -1,0 +1,82 @@
+"""The simulate runner: the analytic model is the measurement, optionally perturbed.
+
+With `noise` > 0 the 'truth' differs from the model the way a real cluster does: the model's
+physical constants are scaled by seeded log-normal factors (σ = noise), and every layout gets a
+further seeded per-layout jitter (σ = noise / 4). The same seed gives the same surface.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from autotune.constants import Constants
+from autotune.constants import constants_for
+from autotune.estimate import evaluate
+from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.memory import usable_gpu_bytes
+from autotune.runners.base import Measurement
+from autotune.runners.base import Runner
+from autotune.runners.base import TrialPlan
+from autotune.specs import AutotuneConfig
+
+_PERTURBED = ("gemm_efficiency", "comm_efficiency", "hbm_efficiency", "overlap_fraction")
+
+
+def perturbed_constants(base: Constants, noise: float, seed: int) -> Constants:
+    """The constants of the hidden truth: each scaled by exp(N(0, noise)), kept in bounds."""
+    if noise <= 0:
+        return base
+    rng = np.random.default_rng(seed)
+    update = {}
+    for name in _PERTURBED:
+        value = getattr(base, name) * float(np.exp(rng.normal(0.0, noise)))
+        update[name] = min(value, 1.0)
+    update["elementwise_passes"] = base.elementwise_passes * float(np.exp(rng.normal(0.0, noise)))
+    return base.model_copy(update=update)
+
+
+def layout_jitter(layout: Layout, noise: float, seed: int) -> float:
+    """A seeded multiplicative factor on step time, fixed per layout."""
+    if noise <= 0:
+        return 1.0
+    digest = hashlib.sha256(f"{seed}:{layout.id}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    return float(np.exp(rng.normal(0.0, noise / 4)))
+
+
+class SimulateRunner(Runner):
+    """Measures nothing real: returns the (perturbed) model's figures at once."""
+
+    name = "simulate"
+
+    def __init__(self, noise: float = 0.0, seed: int = 0) -> None:
+        self.noise = noise
+        self.seed = seed
+
+    def truth_constants(self, cfg: AutotuneConfig) -> Constants:
+        """The constants of the simulated cluster."""
+        return perturbed_constants(constants_for(cfg.cluster.gpu), self.noise, self.seed)
+
+    def run(self, plan: TrialPlan) -> Measurement:
+        cfg, layout = plan.cfg, plan.layout
+        k = self.truth_constants(cfg)
+        values = evaluate(cfg, LayoutTable.from_layouts([layout]), k)
+        peak = float(values["peak_memory_bytes"][0])
+        if peak > usable_gpu_bytes(cfg, k):
+            return Measurement("oom", peak_memory_bytes=peak,
+                               reason="simulated peak memory exceeds the GPU")
+        factor = layout_jitter(layout, self.noise, self.seed)
+        step = float(values["step_time_s"][0]) * factor
+        plan.report(1, cfg.train.tokens_per_step / step)
+        return Measurement(
+            "ok",
+            step_time_s=step,
+            tokens_per_s=cfg.train.tokens_per_step / step,
+            tflops_per_gpu=float(values["tflops_per_gpu"][0]) / factor,
+            mfu=float(values["mfu"][0]) / factor,
+            peak_memory_bytes=peak,
+            step_time_spread=0.0,
+        )
