@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated
 from typing import Any
 
@@ -13,6 +14,12 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.progress import BarColumn
+from rich.progress import MofNCompleteColumn
+from rich.progress import Progress
+from rich.progress import SpinnerColumn
+from rich.progress import TextColumn
+from rich.progress import TimeElapsedColumn
 from rich.table import Table
 
 from autotune.constants import constants_for
@@ -25,6 +32,11 @@ from autotune.inputs import validation_message
 from autotune.layout import Layout
 from autotune.memory import GIB
 from autotune.rules import violations
+from autotune.runners.base import Runner
+from autotune.runners.command import CommandRunner
+from autotune.runners.simulate import SimulateRunner
+from autotune.search import TuneOptions
+from autotune.search import tune as run_tune
 from autotune.space import enumerate_layouts
 from autotune.space import load_space
 from autotune.space import no_feasible_message
@@ -231,6 +243,198 @@ def estimate(
     )
     for name, reason in broken:
         console.print(f"[red]infeasible[/] {name}: {reason}")
+
+
+RUNNERS = ("simulate", "command", "local", "slurm")
+
+
+def _make_runner(
+    name: str, *, noise: float, seed: int, command: str | None, timeout: float
+) -> Runner:
+    if name == "simulate":
+        return SimulateRunner(noise=noise, seed=seed)
+    if name == "command":
+        if not command:
+            raise AutotuneError(
+                "--runner command needs --command 'TEMPLATE' (placeholders: "
+                "{layout_json} {ds_config} {megatron_script} {trial_dir} ...)"
+            )
+        return CommandRunner(command, timeout_s=timeout)
+    raise AutotuneError(f"--runner: {name!r} must be one of {', '.join(RUNNERS)}")
+
+
+def _records_table(title: str, records: list[dict[str, Any]]) -> Table:
+    table = Table(title=title)
+    for column in (
+        "#",
+        "trial",
+        "layout",
+        "measured tok/s",
+        "predicted tok/s",
+        "error",
+        "MFU",
+        "mem GiB",
+    ):
+        table.add_column(
+            column, justify="left" if column == "layout" else "right", overflow="fold"
+        )
+    for rank, r in enumerate(records, 1):
+        predicted = r.get("predicted", {})
+        measured = r.get("measured_tokens_per_s") or 0.0
+        guess = predicted.get("tokens_per_s") or 0.0
+        error = f"{guess / measured - 1:+.1%}" if measured and guess else "-"
+        mfu = r.get("measured_mfu")
+        table.add_row(
+            str(rank),
+            str(r["number"]),
+            r["layout_id"],
+            f"{measured:,.0f}",
+            f"{guess:,.0f}",
+            error,
+            f"{mfu:.1%}" if mfu else "-",
+            _gib(predicted.get("peak_memory_bytes") or 0.0),
+        )
+    return table
+
+
+@app.command()
+def tune(
+    model: ModelOpt,
+    cluster: ClusterOpt,
+    framework: FrameworkOpt = "megatron",
+    space_ref: Annotated[
+        str | None, typer.Option("--space", help="Search space YAML or bundled name.")
+    ] = None,
+    runner: Annotated[str, typer.Option(help="simulate, command, local or slurm.")] = "simulate",
+    trials: Annotated[
+        int, typer.Option(min=1, help="Trials to run (rule rejections are free).")
+    ] = 20,
+    out: Annotated[Path, typer.Option(help="Output folder (study, trials, configs).")] = Path(
+        "autotune-out"
+    ),
+    storage: Annotated[
+        str | None, typer.Option(help="Optuna storage URL (default sqlite:///OUT/study.db).")
+    ] = None,
+    study: Annotated[
+        str | None, typer.Option(help="Study name (default model-cluster-framework).")
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="Continue an existing study.")] = False,
+    seed: Annotated[int, typer.Option(help="Sampler (and --noise) seed.")] = 0,
+    jobs: Annotated[int, typer.Option(min=1, help="Trials in flight at once.")] = 1,
+    top_k: Annotated[int, typer.Option(help="Runners-up to render besides the best.")] = 5,
+    noise: Annotated[float, typer.Option(help="simulate: perturb the truth (σ, e.g. 0.1).")] = 0.0,
+    command: Annotated[
+        str | None, typer.Option(help="command runner: the command template.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Per-trial timeout, seconds.")] = 3600.0,
+    seq: SeqOpt = None,
+    gbs: GbsOpt = None,
+    precision: PrecisionOpt = None,
+    processes: ProcsOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Search layouts with an Optuna study, measure them with a runner, render the winners."""
+    cfg = _config(model, cluster, framework, seq, gbs, precision, processes)
+    search_space = load_space(space_ref, cfg.train.framework)
+    trial_runner = _make_runner(runner, noise=noise, seed=seed, command=command, timeout=timeout)
+    options = TuneOptions(
+        out_dir=out,
+        trials=trials,
+        storage=storage,
+        study_name=study,
+        resume=resume,
+        seed=seed,
+        jobs=jobs,
+        top_k=top_k,
+    )
+    quiet = as_json or not sys.stderr.isatty()
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=quiet,
+    ) as progress:
+        task = progress.add_task(f"tuning ({runner})", total=trials)
+
+        def on_trial(current: Any, trial: Any) -> None:
+            ran = sum(1 for t in current.get_trials(deepcopy=False) if t.user_attrs.get("ran"))
+            best = (
+                current.best_value
+                if any(t.value for t in current.get_trials(deepcopy=False))
+                else 0
+            )
+            progress.update(
+                task,
+                completed=min(ran, trials),
+                description=f"tuning ({runner}) best {best:,.0f} tok/s",
+            )
+
+        result = run_tune(cfg, search_space, trial_runner, options, on_trial=on_trial)
+    ranked = result.ranked
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "study": result.study_name,
+                    "storage": result.storage,
+                    "out": str(result.out_dir),
+                    "best": ranked[0] if ranked else None,
+                    "top": ranked[1 : top_k + 1],
+                    "artifacts": {k: str(v) for k, v in result.artifacts.items()},
+                },
+                indent=2,
+                default=str,
+            )
+        )
+        return
+    statuses: dict[str, int] = {}
+    for r in result.records:
+        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+    console.print(
+        f"study [bold]{result.study_name}[/] in {result.storage} — trials by status: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+    )
+    if not ranked:
+        raise AutotuneError(
+            "no trial measured a throughput; see the trials' reasons with "
+            f"optuna-dashboard {result.storage}"
+        )
+    console.print(_records_table("Top layouts (measured and predicted)", ranked[: top_k + 1]))
+    console.print(
+        f"best configs: [bold]{result.artifacts.get('best')}[/] "
+        f"(runners-up under {result.out_dir / 'top'}); "
+        f"open the study with: optuna-dashboard {result.storage}"
+    )
+
+
+@app.command()
+def render(
+    model: ModelOpt,
+    cluster: ClusterOpt,
+    layout: Annotated[str, typer.Option("--layout", "-l", help="e.g. tp=8,pp=4,zero=1,mbs=1")],
+    out: Annotated[Path, typer.Option(help="Folder for the configs.")],
+    framework: FrameworkOpt = "megatron",
+    seq: SeqOpt = None,
+    gbs: GbsOpt = None,
+    precision: PrecisionOpt = None,
+    processes: ProcsOpt = None,
+) -> None:
+    """Render ds_config.json / pretrain_gpt.sh / sbatch.sh and a manifest for one layout."""
+    from autotune.render import write_artifacts
+
+    cfg = _config(model, cluster, framework, seq, gbs, precision, processes)
+    parsed = Layout.parse(layout, cfg.world_size, cfg.train.global_batch_size, cfg.train.framework)
+    broken = violations(cfg, parsed, constants_for(cfg.cluster.gpu))
+    if broken:
+        raise AutotuneError(
+            "the layout breaks rules: " + "; ".join(f"{n}: {r}" for n, r in broken)
+        )
+    written = write_artifacts(cfg, parsed, out)
+    for name, path in written.items():
+        console.print(f"{name}: {path}")
 
 
 @app.callback()

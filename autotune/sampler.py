@@ -67,16 +67,31 @@ def measured_points(cfg: AutotuneConfig, trials: Sequence[FrozenTrial]) -> list[
     for t in trials:
         if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok":
             layout = Layout(**t.user_attrs["layout_fields"])
-            points.append(Measured(f"trial {t.number}", cfg, (layout,),
-                                   float(t.user_attrs["measured_step_time_s"]), cfg.cluster.gpu.name))
+            points.append(
+                Measured(
+                    f"trial {t.number}",
+                    cfg,
+                    (layout,),
+                    float(t.user_attrs["measured_step_time_s"]),
+                    cfg.cluster.gpu.name,
+                )
+            )
     return points
 
 
 class ModelGuidedSampler(BaseSampler):
     """Best untried layout under the refitted model; TPE every `explore_every`-th trial."""
 
-    def __init__(self, cfg: AutotuneConfig, space: SearchSpace, feasible: LayoutTable,
-                 constants: Constants, *, seed: int | None = None, explore_every: int = 5) -> None:
+    def __init__(
+        self,
+        cfg: AutotuneConfig,
+        space: SearchSpace,
+        feasible: LayoutTable,
+        constants: Constants,
+        *,
+        seed: int | None = None,
+        explore_every: int = 5,
+    ) -> None:
         self._cfg = cfg
         self._space = space
         self._feasible = feasible
@@ -106,14 +121,19 @@ class ModelGuidedSampler(BaseSampler):
             if "layout_id" in t.user_attrs:
                 tried.add(t.user_attrs["layout_id"])
             elif "fixed_params" in t.system_attrs:
-                tried.add(layout_from_params(self._cfg, self._space, t.system_attrs["fixed_params"]).id)
+                tried.add(
+                    layout_from_params(self._cfg, self._space, t.system_attrs["fixed_params"]).id
+                )
         return tried
 
-    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+    def infer_relative_search_space(
+        self, study: Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
         return distributions(self._space)
 
-    def sample_relative(self, study: Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
         if not search_space:
             return {}
         if self._explore_every and trial.number % self._explore_every == self._explore_every - 1:
@@ -124,15 +144,21 @@ class ModelGuidedSampler(BaseSampler):
                 return layout_params(self._feasible.row(int(index)), self._space)
         return self._tpe.sample_relative(study, trial, search_space)
 
-    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
+    def sample_independent(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
         return self._tpe.sample_independent(study, trial, param_name, param_distribution)
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         self._tpe.before_trial(study, trial)
 
-    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
+    def after_trial(
+        self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
         self._tpe.after_trial(study, trial, state, values)
 
 
@@ -148,8 +174,11 @@ class BestSoFarPruner(BasePruner):
         step = trial.last_step
         if step is None or step < self.warmup_steps:
             return False
-        best = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if t.value and t.user_attrs.get("status") == "ok"]
+        best = [
+            t.value
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.value and t.user_attrs.get("status") == "ok"
+        ]
         if not best:
             return False
         return trial.intermediate_values[step] < max(best) * (1 - self.tolerance)

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,7 +81,9 @@ class TuneResult:
     @property
     def ranked(self) -> list[dict[str, Any]]:
         """Trials that measured a throughput, fastest first."""
-        ok = [r for r in self.records if r.get("status") == "ok" and r.get("measured_tokens_per_s")]
+        ok = [
+            r for r in self.records if r.get("status") == "ok" and r.get("measured_tokens_per_s")
+        ]
         return sorted(ok, key=lambda r: -r["measured_tokens_per_s"])
 
 
@@ -102,16 +105,19 @@ def default_study_name(cfg: AutotuneConfig) -> str:
 class Objective:
     """The study's objective: measured tokens/s of the suggested layout (0 when it cannot run)."""
 
-    def __init__(self, cfg: AutotuneConfig, space: SearchSpace, runner: Runner, k: Constants,
-                 out_dir: Path) -> None:
+    def __init__(
+        self, cfg: AutotuneConfig, space: SearchSpace, runner: Runner, k: Constants, out_dir: Path
+    ) -> None:
         self.cfg, self.space, self.runner, self.k, self.out_dir = cfg, space, runner, k, out_dir
+        self._claiming = threading.Lock()
 
     def __call__(self, trial: Trial) -> float:
-        layout = self.sample(trial)
-        broken = violations(self.cfg, layout, self.k)
-        if broken:
-            return self.infeasible(trial, broken)
-        earlier = self.duplicate_of(trial, layout)
+        with self._claiming:  # threads of one process sample and claim one at a time
+            layout = self.sample(trial)
+            broken = violations(self.cfg, layout, self.k)
+            if broken:
+                return self.infeasible(trial, broken)
+            earlier = self.claim(trial, layout)
         if earlier is not None:
             return self.reuse(trial, earlier)
         prediction = estimate(self.cfg, layout, self.k)
@@ -136,14 +142,28 @@ class Objective:
         trial.set_constraint("runs", 1.0)
         return 0.0
 
-    def duplicate_of(self, trial: Trial, layout: Layout) -> FrozenTrial | None:
-        """An earlier trial of the same layout (the lower number wins a race between workers)."""
+    def claim(self, trial: Trial, layout: Layout) -> FrozenTrial | None:
+        """Claim the layout for this trial, or return the trial that already has it.
+
+        Two phases make concurrent workers on one study safe: a trial yields to any trial of
+        the same layout that finished running or holds a claim; then it claims and re-checks,
+        and of two simultaneous claims the lower trial number keeps the layout.
+        """
+        earlier = self._holder(trial, layout, lower_only=False)
+        if earlier is not None:
+            return earlier
+        trial.set_user_attr("claimed", True)
+        return self._holder(trial, layout, lower_only=True)
+
+    def _holder(self, trial: Trial, layout: Layout, lower_only: bool) -> FrozenTrial | None:
         states = (TrialState.COMPLETE, TrialState.RUNNING)
         for other in trial.study.get_trials(deepcopy=False, states=states):
-            if other.number < trial.number and other.user_attrs.get("layout_id") == layout.id:
-                if other.state == TrialState.COMPLETE and other.user_attrs.get("status") in (
-                        "infeasible", "duplicate"):
-                    continue
+            if other.number == trial.number or other.user_attrs.get("layout_id") != layout.id:
+                continue
+            if lower_only and other.number > trial.number:
+                continue
+            done = other.state == TrialState.COMPLETE and other.user_attrs.get("ran")
+            if done or other.user_attrs.get("claimed"):
                 return other
         return None
 
@@ -178,8 +198,14 @@ class Objective:
             trial.set_user_attr("reason", m.reason[:500])
         if m.log_tail:
             trial.set_user_attr("log_tail", m.log_tail[-2000:])
-        for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "peak_memory_bytes",
-                    "step_time_spread"):
+        for key in (
+            "step_time_s",
+            "tokens_per_s",
+            "tflops_per_gpu",
+            "mfu",
+            "peak_memory_bytes",
+            "step_time_spread",
+        ):
             value = getattr(m, key)
             if value is not None:
                 trial.set_user_attr(f"measured_{key}", float(value))
@@ -206,8 +232,9 @@ def _round(data: Any) -> Any:
 # --- the study -------------------------------------------------------------------------------
 
 
-def _open_study(cfg: AutotuneConfig, space: SearchSpace, options: TuneOptions, sampler,
-                pruner) -> tuple[optuna.Study, str, str, bool]:
+def _open_study(
+    cfg: AutotuneConfig, space: SearchSpace, options: TuneOptions, sampler, pruner
+) -> tuple[optuna.Study, str, str, bool]:
     url = options.storage or default_storage_url(options.out_dir)
     name = options.study_name or default_study_name(cfg)
     storage = open_storage(url)
@@ -215,15 +242,23 @@ def _open_study(cfg: AutotuneConfig, space: SearchSpace, options: TuneOptions, s
     if exists and not options.resume:
         raise AutotuneError(
             f"--study: study {name!r} already exists in {url}; pass --resume to continue it "
-            "or --study NEW_NAME for a fresh one")
-    study = optuna.create_study(storage=storage, study_name=name, direction="maximize",
-                                sampler=sampler, pruner=pruner, load_if_exists=True)
+            "or --study NEW_NAME for a fresh one"
+        )
+    study = optuna.create_study(
+        storage=storage,
+        study_name=name,
+        direction="maximize",
+        sampler=sampler,
+        pruner=pruner,
+        load_if_exists=True,
+    )
     fingerprint = inputs_fingerprint(cfg, space)
     stored = study.user_attrs.get(INPUTS_ATTR)
     if stored and stored.get("hash") != fingerprint["hash"]:
         raise AutotuneError(
             f"--resume: study {name!r} was created for other inputs (model, cluster, training or "
-            "space differ); use the same flags or another --study name")
+            "space differ); use the same flags or another --study name"
+        )
     if not stored:
         study.set_user_attr(INPUTS_ATTR, fingerprint)
     return study, url, name, exists
@@ -245,7 +280,9 @@ def recover_interrupted(study: optuna.Study, wait: bool = True) -> int:
         before = {t.number for t in running}
         while True:
             optuna.storages.fail_stale_trials(study)
-            still = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+            still = {
+                t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            }
             if not (still & before) or time.monotonic() > deadline:
                 return len(before - still)
             time.sleep(1.0)
@@ -257,17 +294,24 @@ def recover_interrupted(study: optuna.Study, wait: bool = True) -> int:
 
 
 class _StopAfter:
-    """Stop once `n` trials ran (rule rejections and reused duplicates do not count)."""
+    """Stop once `n` trials ran (rule rejections and reused duplicates do not count), every
+    feasible layout was tried, or `cap` trials exist."""
 
-    def __init__(self, n: int, cap: int) -> None:
-        self.n, self.cap = n, cap
+    def __init__(self, n: int, feasible: int, cap: int) -> None:
+        self.n, self.feasible, self.cap = n, feasible, cap
 
     def ran(self, study: optuna.Study) -> int:
         done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
         return sum(1 for t in done if t.user_attrs.get("ran"))
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        if self.ran(study) >= self.n or len(study.trials) >= self.cap:
+        trials = study.get_trials(deepcopy=False)
+        tried = {
+            t.user_attrs["layout_id"]
+            for t in trials
+            if t.user_attrs.get("ran") or t.user_attrs.get("status") == "duplicate"
+        }
+        if self.ran(study) >= self.n or len(tried) >= self.feasible or len(trials) >= self.cap:
             study.stop()
 
 
@@ -284,8 +328,9 @@ def tune(
     if not len(enumeration):
         raise AutotuneError(no_feasible_message(enumeration))
     options.out_dir.mkdir(parents=True, exist_ok=True)
-    sampler = ModelGuidedSampler(cfg, space, enumeration.feasible, k, seed=options.seed,
-                                 explore_every=options.explore_every)
+    sampler = ModelGuidedSampler(
+        cfg, space, enumeration.feasible, k, seed=options.seed, explore_every=options.explore_every
+    )
     pruner = BestSoFarPruner(tolerance=options.pruner_tolerance)
     study, url, name, existed = _open_study(cfg, space, options, sampler, pruner)
     if existed:
@@ -293,18 +338,26 @@ def tune(
         if recovered:
             log.info("re-enqueued %d trial(s) left running by an interrupted worker", recovered)
     else:
-        for i in range(min(options.warm_start, len(enumeration))):
-            study.enqueue_trial(layout_params(enumeration.feasible.row(i), space),
-                                user_attrs={"warm_start": i + 1})
-    stop = _StopAfter(options.trials, cap=options.trials * 20 + options.warm_start)
+        for i in range(min(options.warm_start, options.trials, len(enumeration))):
+            study.enqueue_trial(
+                layout_params(enumeration.feasible.row(i), space), user_attrs={"warm_start": i + 1}
+            )
+    stop = _StopAfter(
+        options.trials, len(enumeration), cap=options.trials * 20 + options.warm_start
+    )
     callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = [stop]
     if on_trial is not None:
         callbacks.append(on_trial)
     runner.prepare()
     try:
         if stop.ran(study) < options.trials:
-            study.optimize(Objective(cfg, space, runner, k, options.out_dir), n_jobs=options.jobs,
-                           callbacks=callbacks, catch=(Exception,), gc_after_trial=False)
+            study.optimize(
+                Objective(cfg, space, runner, k, options.out_dir),
+                n_jobs=options.jobs,
+                callbacks=callbacks,
+                catch=(Exception,),
+                gc_after_trial=False,
+            )
     finally:
         runner.cleanup()
     records = trial_records(study)
@@ -318,14 +371,22 @@ def trial_records(study: optuna.Study) -> list[dict[str, Any]]:
     """Every trial as a flat record: number, state, value, params and autotune's attributes."""
     records = []
     for t in study.get_trials(deepcopy=False):
-        records.append({
-            "number": t.number, "state": t.state.name, "value": t.value,
-            "datetime_start": t.datetime_start.isoformat() if t.datetime_start else None,
-            "datetime_complete": t.datetime_complete.isoformat() if t.datetime_complete else None,
-            "params": dict(t.params), **t.user_attrs,
-            "status": t.user_attrs.get("status", "pruned" if t.state == TrialState.PRUNED
-                                       else t.state.name.lower()),
-        })
+        records.append(
+            {
+                "number": t.number,
+                "state": t.state.name,
+                "value": t.value,
+                "datetime_start": t.datetime_start.isoformat() if t.datetime_start else None,
+                "datetime_complete": t.datetime_complete.isoformat()
+                if t.datetime_complete
+                else None,
+                "params": dict(t.params),
+                **t.user_attrs,
+                "status": t.user_attrs.get(
+                    "status", "pruned" if t.state == TrialState.PRUNED else t.state.name.lower()
+                ),
+            }
+        )
     return records
 
 
@@ -337,8 +398,9 @@ def render_winners(cfg: AutotuneConfig, result: TuneResult, top_k: int) -> dict[
     written: dict[str, Path] = {}
     for rank, record in enumerate(ranked[: top_k + 1]):
         layout = Layout(**record["layout_fields"])
-        measured = {k.removeprefix("measured_"): v for k, v in record.items()
-                    if k.startswith("measured_")}
+        measured = {
+            k.removeprefix("measured_"): v for k, v in record.items() if k.startswith("measured_")
+        }
         folder = result.out_dir / ("best" if rank == 0 else f"top/{rank}-{layout.id}")
         write_artifacts(cfg, layout, folder, measured={**measured, "trial": record["number"]})
         written["best" if rank == 0 else f"top{rank}"] = folder

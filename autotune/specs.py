@@ -195,7 +195,7 @@ class AutotuneConfig(BaseModel):
         return self.cluster.world_size
 
     def padded_vocab(self, tp: Any) -> Any:
-        """Vocabulary as the framework pads it (Megatron: a multiple of 128·tp); tp may be array."""
+        """Vocab as the framework pads it (Megatron: a multiple of 128·tp; tp may be an array)."""
         if self.train.framework != "megatron":
             return self.model.vocab_size + 0 * tp
         multiple = 128 * tp

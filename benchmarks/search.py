@@ -64,8 +64,9 @@ def trials_to_target(measured: list[float], target: float) -> int | None:
 
 def ours(cfg, space, runner: SimulateRunner, budget: int, seed: int) -> list[float]:
     with tempfile.TemporaryDirectory() as folder:
-        options = TuneOptions(out_dir=Path(folder), trials=budget, storage="memory", seed=seed,
-                              render=False)
+        options = TuneOptions(
+            out_dir=Path(folder), trials=budget, storage="memory", seed=seed, render=False
+        )
         result = tune(cfg, space, runner, options)
     ran = [r for r in sorted(result.records, key=lambda r: r["number"]) if r.get("ran")]
     return [float(r.get("measured_tokens_per_s") or 0.0) for r in ran]
@@ -73,8 +74,17 @@ def ours(cfg, space, runner: SimulateRunner, budget: int, seed: int) -> list[flo
 
 def grid_order(feasible, space) -> np.ndarray:
     """DeepSpeed autotuner order: zero stage, then micro-batch, then the other dims."""
-    keys = [feasible.sp.astype(int), feasible.recompute, feasible.offload, feasible.vpp,
-            feasible.cp, feasible.pp, feasible.tp, feasible.mbs, feasible.zero]
+    keys = [
+        feasible.sp.astype(int),
+        feasible.recompute,
+        feasible.offload,
+        feasible.vpp,
+        feasible.cp,
+        feasible.pp,
+        feasible.tp,
+        feasible.mbs,
+        feasible.zero,
+    ]
     return np.lexsort(keys)
 
 
@@ -86,12 +96,23 @@ def main() -> None:
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     logging.getLogger("autotune").setLevel(logging.WARNING)
-    table = Table(title=f"Trials to reach 2 % of the true best (median of {args.seeds} seeds, "
-                        f"noise {args.noise:g}; '>N' = not within the budget)")
-    for column in ("model", "cluster", "framework", "feasible", "ours", "random", "grid",
-                   "ours wins"):
-        table.add_column(column, justify="left" if column in ("model", "cluster", "framework")
-                         else "right")
+    table = Table(
+        title=f"Trials to reach 2 % of the true best (median of {args.seeds} seeds, "
+        f"noise {args.noise:g}; '>N' = not within the budget)"
+    )
+    for column in (
+        "model",
+        "cluster",
+        "framework",
+        "feasible",
+        "ours",
+        "random",
+        "grid",
+        "ours wins",
+    ):
+        table.add_column(
+            column, justify="left" if column in ("model", "cluster", "framework") else "right"
+        )
     all_ours = []
     every_win = True
     for model, cluster, framework in SCENARIOS:
@@ -107,8 +128,11 @@ def main() -> None:
             rng = np.random.default_rng(seed)
             random_values = list(truth[rng.permutation(len(truth))])
             grid_values = list(truth[grid_order(feasible, space)])
-            for name, values in (("ours", ours_values), ("random", random_values),
-                                 ("grid", grid_values)):
+            for name, values in (
+                ("ours", ours_values),
+                ("random", random_values),
+                ("grid", grid_values),
+            ):
                 hit = trials_to_target(values, target)
                 limit = args.budget if name == "ours" else len(values)
                 counts[name].append(float(hit) if hit is not None else float(limit + 1))
@@ -117,19 +141,31 @@ def main() -> None:
         every_win &= wins
         all_ours.extend(counts["ours"])
 
-        def show(name: str) -> str:
+        size = len(feasible)
+
+        def show(name: str, medians=medians, size=size) -> str:
             value = medians[name]
-            limit = args.budget if name == "ours" else len(feasible)
+            limit = args.budget if name == "ours" else size
             return f">{limit}" if value > limit else f"{value:g}"
 
-        table.add_row(model, cluster, framework, f"{len(feasible):,}", show("ours"),
-                      show("random"), show("grid"), "yes" if wins else "NO")
+        table.add_row(
+            model,
+            cluster,
+            framework,
+            f"{len(feasible):,}",
+            show("ours"),
+            show("random"),
+            show("grid"),
+            "yes" if wins else "NO",
+        )
     console = Console(width=130)
     console.print(table)
     overall = float(np.median(all_ours))
-    console.print(f"ours, median over all scenarios and seeds: {overall:g} trials; "
-                  f"target <= 10 and a win on every scenario: "
-                  f"{'met' if overall <= 10 and every_win else 'NOT met'}")
+    console.print(
+        f"ours, median over all scenarios and seeds: {overall:g} trials; "
+        f"target <= 10 and a win on every scenario: "
+        f"{'met' if overall <= 10 and every_win else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

@@ -68,12 +68,12 @@ class Runner(abc.ABC):
     needs_artifacts: bool = False
     """True when the runner reads the rendered configs (they are written per trial)."""
 
-    def prepare(self) -> None:
+    def prepare(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Set up shared resources (no-op by default)."""
 
     @abc.abstractmethod
     def run(self, plan: TrialPlan) -> Measurement:
         """Execute one trial and measure it."""
 
-    def cleanup(self) -> None:
+    def cleanup(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Release shared resources (no-op by default)."""

@@ -2,7 +2,7 @@
 
 The template is a shell command line with placeholders, each replaced by a shell-quoted value:
 {layout_json}, {ds_config}, {megatron_script}, {sbatch}, {trial_dir}, {layout} (text form),
-{world_size}. The command prints JSON: optional intermediate lines
+{world_size}; other braces are left alone. The command prints JSON: optional intermediate lines
 `{"event": "step", "tokens_per_s": ...}` and, last, one object with `step_time_s` or
 `tokens_per_s` (optional `peak_memory_gb`, `status`). Exit code, bad JSON or a timeout make a
 failed trial with the reason; the study goes on.
@@ -11,8 +11,8 @@ failed trial with the reason; the study goes on.
 from __future__ import annotations
 
 import json
+import re
 import shlex
-import string
 from typing import Any
 
 from autotune.exceptions import AutotuneError
@@ -22,8 +22,17 @@ from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.process import run_process
 
-PLACEHOLDERS = ("layout_json", "ds_config", "megatron_script", "sbatch", "trial_dir", "layout",
-                "world_size")
+PLACEHOLDERS = (
+    "layout_json",
+    "ds_config",
+    "megatron_script",
+    "sbatch",
+    "trial_dir",
+    "layout",
+    "world_size",
+)
+_PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
+"""Only these names are replaced; other braces (JSON, shell) stay as written."""
 
 
 def parse_json_line(line: str) -> dict[str, Any] | None:
@@ -53,9 +62,13 @@ def measurement_from_metrics(plan: TrialPlan, metrics: dict[str, Any]) -> Measur
     peak = metrics.get("peak_memory_bytes")
     if peak is None and metrics.get("peak_memory_gb") is not None:
         peak = float(metrics["peak_memory_gb"]) * 1e9
-    return Measurement(status, step_time_s=step, tokens_per_s=rate,
-                       peak_memory_bytes=float(peak) if peak is not None else None,
-                       step_time_spread=metrics.get("step_time_spread"))
+    return Measurement(
+        status,
+        step_time_s=step,
+        tokens_per_s=rate,
+        peak_memory_bytes=float(peak) if peak is not None else None,
+        step_time_spread=metrics.get("step_time_spread"),
+    )
 
 
 class CommandRunner(Runner):
@@ -65,11 +78,11 @@ class CommandRunner(Runner):
     needs_artifacts = True
 
     def __init__(self, template: str, timeout_s: float = 3600.0) -> None:
-        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name}
-        unknown = fields - set(PLACEHOLDERS)
-        if unknown:
+        if not _PLACEHOLDER.search(template):
             raise AutotuneError(
-                f"--command: unknown placeholder(s) {sorted(unknown)}; use {', '.join(PLACEHOLDERS)}")
+                f"--command: the template names no placeholder; use some of "
+                f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)}"
+            )
         self.template = template
         self.timeout_s = timeout_s
 
@@ -78,13 +91,15 @@ class CommandRunner(Runner):
         values = {
             "layout_json": plan.artifacts.get("layout.json", plan.directory / "layout.json"),
             "ds_config": plan.artifacts.get("ds_config.json", plan.directory / "ds_config.json"),
-            "megatron_script": plan.artifacts.get("pretrain_gpt.sh", plan.directory / "pretrain_gpt.sh"),
+            "megatron_script": plan.artifacts.get(
+                "pretrain_gpt.sh", plan.directory / "pretrain_gpt.sh"
+            ),
             "sbatch": plan.artifacts.get("sbatch.sh", plan.directory / "sbatch.sh"),
             "trial_dir": plan.directory,
             "layout": plan.layout.text,
             "world_size": plan.cfg.world_size,
         }
-        return self.template.format(**{k: shlex.quote(str(v)) for k, v in values.items()})
+        return _PLACEHOLDER.sub(lambda match: shlex.quote(str(values[match[1]])), self.template)
 
     def run(self, plan: TrialPlan) -> Measurement:
         command = self.command_line(plan)
@@ -102,19 +117,27 @@ class CommandRunner(Runner):
             last.append(data)
             return False
 
-        outcome = run_process(["bash", "-c", command], cwd=plan.directory, timeout_s=self.timeout_s,
-                              on_line=on_line, stdout_path=plan.directory / "stdout.log",
-                              stderr_path=plan.directory / "stderr.log")
+        outcome = run_process(
+            ["bash", "-c", command],
+            cwd=plan.directory,
+            timeout_s=self.timeout_s,
+            on_line=on_line,
+            stdout_path=plan.directory / "stdout.log",
+            stderr_path=plan.directory / "stderr.log",
+        )
         if outcome.stopped:
             return Measurement("pruned", reason="stopped by the pruner", log_tail=outcome.tail)
         if outcome.timed_out:
-            return Measurement("timeout", reason=f"exceeded {self.timeout_s:g} s",
-                               log_tail=outcome.tail)
+            return Measurement(
+                "timeout", reason=f"exceeded {self.timeout_s:g} s", log_tail=outcome.tail
+            )
         if outcome.returncode != 0:
-            return Measurement("crash", reason=f"exit code {outcome.returncode}",
-                               log_tail=outcome.tail)
+            return Measurement(
+                "crash", reason=f"exit code {outcome.returncode}", log_tail=outcome.tail
+            )
         if not last:
-            return Measurement("crash", reason="the command printed no JSON object",
-                               log_tail=outcome.tail)
+            return Measurement(
+                "crash", reason="the command printed no JSON object", log_tail=outcome.tail
+            )
         result = measurement_from_metrics(plan, last[-1])
         return Measurement(**{**result.to_dict(), "log_tail": outcome.tail})

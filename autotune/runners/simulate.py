@@ -66,8 +66,9 @@ class SimulateRunner(Runner):
         values = evaluate(cfg, LayoutTable.from_layouts([layout]), k)
         peak = float(values["peak_memory_bytes"][0])
         if peak > usable_gpu_bytes(cfg, k):
-            return Measurement("oom", peak_memory_bytes=peak,
-                               reason="simulated peak memory exceeds the GPU")
+            return Measurement(
+                "oom", peak_memory_bytes=peak, reason="simulated peak memory exceeds the GPU"
+            )
         factor = layout_jitter(layout, self.noise, self.seed)
         step = float(values["step_time_s"][0]) * factor
         plan.report(1, cfg.train.tokens_per_step / step)

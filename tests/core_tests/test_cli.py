@@ -84,3 +84,94 @@ def test_bad_input_exits_2_without_traceback(args, message, capsys) -> None:
     assert code == 2
     assert message in captured.err.replace("\n", " ")
     assert "Traceback" not in captured.err + captured.out
+
+
+def test_tune_simulate_prints_where_configs_went(tmp_path) -> None:
+    out = tmp_path / "run"
+    code, text = _invoke(
+        [
+            "tune",
+            "-m",
+            "llama3-8b",
+            "-c",
+            "dgx-h100:2",
+            "--trials",
+            "4",
+            "--out",
+            str(out),
+            "--noise",
+            "0.05",
+        ]
+    )
+    assert code == 0, text
+    assert str(out / "best") in text.replace("\n", "")
+    assert (out / "best" / "pretrain_gpt.sh").exists() and (out / "study.db").exists()
+    code, text = _invoke(
+        [
+            "tune",
+            "-m",
+            "llama3-8b",
+            "-c",
+            "dgx-h100:2",
+            "--trials",
+            "4",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
+    assert code != 0  # the study exists: --resume it or pick another --study
+    code, text = _invoke(
+        [
+            "tune",
+            "-m",
+            "llama3-8b",
+            "-c",
+            "dgx-h100:2",
+            "--trials",
+            "6",
+            "--out",
+            str(out),
+            "--resume",
+            "--json",
+        ]
+    )
+    assert code == 0, text
+    data = json.loads(text)
+    assert data["best"]["status"] == "ok" and data["artifacts"]["best"]
+
+
+def test_render_one_layout(tmp_path) -> None:
+    code, text = _invoke(
+        [
+            "render",
+            "-m",
+            "llama2-7b",
+            "-c",
+            "dgx-a100:2",
+            "--framework",
+            "deepspeed",
+            "-l",
+            "zero=3,offload=optimizer,mbs=2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0, text
+    config = json.loads((tmp_path / "ds_config.json").read_text())
+    assert config["zero_optimization"]["stage"] == 3
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    code, text = _invoke(
+        [
+            "render",
+            "-m",
+            "llama2-7b",
+            "-c",
+            "dgx-a100:1",
+            "-l",
+            "pp=2,zero=3",
+            "--out",
+            str(tmp_path / "x"),
+        ]
+    )
+    assert code != 0

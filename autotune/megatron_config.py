@@ -1,0 +1,317 @@
+"""How a Layout maps onto Megatron-LM: command-line flags and megatron-core config objects.
+
+`megatron_args` is the single source of the flags the rendered `pretrain_gpt.sh` passes;
+`transformer_config_kwargs`, `ddp_config_kwargs` and `optimizer_config_kwargs` give the same
+choices as keyword arguments of megatron-core's `TransformerConfig`,
+`DistributedDataParallelConfig` and `OptimizerConfig` (for workloads that build the model with
+megatron-core directly). Flag names and rules: Megatron-LM `megatron/training/arguments.py`
+(see ../shared/reference/megatron-lm.md).
+
+ZeRO stages map to Megatron as: 0 DDP, 1 distributed optimizer, 2 Megatron-FSDP
+`optim_grads`, 3 Megatron-FSDP `optim_grads_params`. Optimizer offload needs the distributed
+optimizer and the precision-aware optimizer; Megatron has no parameter offload.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.exceptions import AutotuneError
+from autotune.layout import Layout
+from autotune.specs import AutotuneConfig
+from autotune.stages import uneven_edge_layers
+
+LEARNING_RATE = 3.0e-4
+"""Peak learning rate of the rendered configs (both frameworks)."""
+MIN_LEARNING_RATE = 3.0e-5
+"""Floor of Megatron's cosine decay."""
+ADAM_BETAS = (0.9, 0.95)
+"""AdamW betas."""
+ADAM_EPS = 1.0e-8
+"""AdamW epsilon."""
+WEIGHT_DECAY = 0.1
+"""Decoupled weight decay."""
+CLIP_GRAD = 1.0
+"""Global gradient-norm clip."""
+
+FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+"""Megatron-FSDP `--data-parallel-sharding-strategy` per ZeRO stage."""
+
+
+def fsdp(layout: Layout) -> bool:
+    """True when the layout runs on Megatron-FSDP (zero 2 or 3)."""
+    return layout.zero >= 2
+
+
+def needs_single_connection(layout: Layout) -> bool:
+    """Whether Megatron requires CUDA_DEVICE_MAX_CONNECTIONS=1 (tp>1 or cp>1, not with FSDP).
+
+    arguments.py asserts it on pre-Blackwell GPUs; Megatron-FSDP asserts the opposite.
+    """
+    return (layout.tp > 1 or layout.cp > 1) and not fsdp(layout)
+
+
+def pipeline_split(cfg: AutotuneConfig, layout: Layout) -> tuple[int | None, int | None]:
+    """(layers per virtual stage, layers on the first/last stage) for the pipeline flags.
+
+    The first is set for an even split with vpp > 1; the second when layers do not divide
+    over pp·vpp and Megatron needs smaller first and last stages. Raises AutotuneError when
+    neither works.
+    """
+    layers, pp, vpp = cfg.model.num_layers, layout.pp, layout.vpp
+    if layers % (pp * vpp) == 0:
+        return (layers // (pp * vpp) if vpp > 1 else None), None
+    edge = uneven_edge_layers(layers, pp, vpp)
+    if edge is None:
+        raise AutotuneError(
+            f"megatron: {layers} layers do not split over pp·vpp = {pp}·{vpp}, evenly or with "
+            "smaller first/last stages; pick pp and vpp that divide the layers"
+        )
+    return None, edge
+
+
+def _check(layout: Layout) -> None:
+    if layout.offload == "optimizer+params":
+        raise AutotuneError(
+            f"megatron: offload={layout.offload} has no Megatron-LM flag (it offloads optimizer "
+            "states only); use offload=optimizer"
+        )
+    if layout.offload != "none" and layout.zero != 1:
+        raise AutotuneError(
+            f"megatron: offload={layout.offload} needs the distributed optimizer (zero=1), "
+            f"got zero={layout.zero}"
+        )
+    if layout.zero not in (0, 1, 2, 3):
+        raise AutotuneError(f"megatron: zero={layout.zero} must be 0, 1, 2 or 3")
+
+
+def _number(value: float) -> str:
+    return str(value)
+
+
+def _model_args(cfg: AutotuneConfig) -> list[str]:
+    m, t = cfg.model, cfg.train
+    args = [
+        "--num-layers", str(m.num_layers),
+        "--hidden-size", str(m.hidden_size),
+        "--num-attention-heads", str(m.num_attention_heads),
+        "--ffn-hidden-size", str(m.ffn),
+        "--seq-length", str(t.seq_length),
+        "--max-position-embeddings", str(max(m.max_position_embeddings, t.seq_length)),
+    ]
+    if m.query_groups != m.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(m.query_groups)]
+    if m.gated:
+        args.append("--swiglu")
+    if not m.tied_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if m.normalization == "rmsnorm":
+        args += ["--normalization", "RMSNorm"]
+    if m.position_embedding == "rope":
+        args += ["--position-embedding-type", "rope"]
+    if not m.add_bias_linear:
+        args.append("--disable-bias-linear")
+    return args
+
+
+def _parallel_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
+    args = [
+        "--tensor-model-parallel-size", str(layout.tp),
+        "--pipeline-model-parallel-size", str(layout.pp),
+        "--context-parallel-size", str(layout.cp),
+    ]
+    per_virtual_stage, edge = pipeline_split(cfg, layout)
+    if per_virtual_stage is not None:
+        args += ["--num-layers-per-virtual-pipeline-stage", str(per_virtual_stage)]
+    if edge is not None:
+        # arguments.py rejects --num-layers-per-virtual-pipeline-stage with uneven stages
+        if layout.vpp > 1:
+            args += ["--num-virtual-stages-per-pipeline-rank", str(layout.vpp)]
+        args += ["--decoder-first-pipeline-num-layers", str(edge),
+                 "--decoder-last-pipeline-num-layers", str(edge)]
+    if layout.sp:
+        args.append("--sequence-parallel")
+    return args
+
+
+def _data_parallel_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
+    overlap = cfg.train.overlap_grad_reduce
+    args: list[str] = []
+    if fsdp(layout):
+        args += ["--use-megatron-fsdp",
+                 "--data-parallel-sharding-strategy", FSDP_STRATEGY[layout.zero],
+                 "--ckpt-format", "fsdp_dtensor", "--no-gradient-accumulation-fusion"]
+    if layout.zero >= 1:
+        args.append("--use-distributed-optimizer")  # Megatron-FSDP v1 sets it anyway
+    if overlap:
+        args.append("--overlap-grad-reduce")
+        if layout.zero >= 1:
+            args.append("--overlap-param-gather")
+    if layout.offload == "optimizer":
+        args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                 "--optimizer-offload-fraction", "1.0"]
+    return args
+
+
+def _recompute_args(layout: Layout) -> list[str]:
+    if layout.recompute == "selective":
+        return ["--recompute-granularity", "selective"]
+    if layout.recompute == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1"]
+    return []
+
+
+def _precision_args(cfg: AutotuneConfig) -> list[str]:
+    precision = cfg.train.precision
+    if precision == "fp16":
+        return ["--fp16"]
+    if precision == "bf16":
+        return ["--bf16"]
+    if precision == "fp8":
+        return ["--bf16", "--fp8-format", "hybrid"]
+    return []
+
+
+def megatron_args(
+    cfg: AutotuneConfig,
+    layout: Layout,
+    *,
+    train_iters: int = 20,
+    mock_data: bool = True,
+    log_interval: int = 1,
+) -> list[str]:
+    """Every `pretrain_gpt.py` flag for this layout, as unquoted argv items.
+
+    Args:
+        cfg: Model, cluster and training setup.
+        layout: The parallel layout (must satisfy the Megatron rules).
+        train_iters: Optimizer steps to run.
+        mock_data: Train on Megatron's synthetic data with a NullTokenizer of the model's vocab
+            (no dataset needed); False leaves data and tokenizer flags to the caller.
+        log_interval: Steps between log lines.
+
+    Returns:
+        The flags, one argv item each, in a fixed order.
+
+    Raises:
+        AutotuneError: The layout has no Megatron-LM form (parameter offload, offload without
+            the distributed optimizer, layers that do not split over the pipeline).
+    """
+    _check(layout)
+    args = _parallel_args(cfg, layout) + _data_parallel_args(cfg, layout)
+    args += _recompute_args(layout)
+    args += ["--micro-batch-size", str(layout.mbs),
+             "--global-batch-size", str(layout.global_batch_size)]
+    args += _model_args(cfg) + _precision_args(cfg)
+    if mock_data:
+        args += ["--mock-data", "--tokenizer-type", "NullTokenizer",
+                 "--vocab-size", str(cfg.model.vocab_size)]
+    args += [
+        "--train-iters", str(train_iters),
+        "--eval-iters", "0",
+        "--log-interval", str(log_interval),
+        "--log-throughput",
+        "--lr", _number(LEARNING_RATE),
+        "--min-lr", _number(MIN_LEARNING_RATE),
+        "--lr-decay-style", "cosine",
+        "--weight-decay", _number(WEIGHT_DECAY),
+        "--adam-beta1", _number(ADAM_BETAS[0]),
+        "--adam-beta2", _number(ADAM_BETAS[1]),
+        "--adam-eps", _number(ADAM_EPS),
+        "--clip-grad", _number(CLIP_GRAD),
+    ]
+    return args
+
+
+def _dtype(cfg: AutotuneConfig) -> Any:
+    import torch
+
+    return {"fp16": torch.float16, "fp32": torch.float32}.get(cfg.train.precision, torch.bfloat16)
+
+
+def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
+    """Keyword arguments of megatron-core's `TransformerConfig` for this layout.
+
+    Mirrors `megatron_args` (and Megatron-LM's `core_transformer_config_from_args`): model shape,
+    tp/pp/vpp/cp/sp, uneven first/last stages, precision and recompute. Builds on CPU without
+    torch.distributed.
+    """
+    import torch.nn.functional as F
+
+    _check(layout)
+    m, precision = cfg.model, cfg.train.precision
+    dtype = _dtype(cfg)
+    _, edge = pipeline_split(cfg, layout)
+    kwargs: dict[str, Any] = {
+        "num_layers": m.num_layers,
+        "hidden_size": m.hidden_size,
+        "num_attention_heads": m.num_attention_heads,
+        "num_query_groups": m.query_groups,
+        "ffn_hidden_size": m.ffn,
+        "kv_channels": m.head_dim,
+        "gated_linear_unit": m.gated,
+        "activation_func": F.silu if m.gated else F.gelu,
+        "normalization": "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
+        "add_bias_linear": m.add_bias_linear,
+        "tensor_model_parallel_size": layout.tp,
+        "pipeline_model_parallel_size": layout.pp,
+        "virtual_pipeline_model_parallel_size": layout.vpp if layout.vpp > 1 else None,
+        "context_parallel_size": layout.cp,
+        "sequence_parallel": layout.sp,
+        "bf16": precision in ("bf16", "fp8"),
+        "fp16": precision == "fp16",
+        "params_dtype": dtype,
+        "pipeline_dtype": dtype if layout.pp > 1 else None,
+    }
+    if precision == "fp8":
+        kwargs["fp8"] = "hybrid"
+    if edge is not None:
+        kwargs["num_layers_in_first_pipeline_stage"] = edge
+        kwargs["num_layers_in_last_pipeline_stage"] = edge
+    if layout.recompute != "none":
+        kwargs["recompute_granularity"] = layout.recompute
+    if layout.recompute == "full":
+        kwargs["recompute_method"] = "uniform"
+        kwargs["recompute_num_layers"] = 1
+    return kwargs
+
+
+def ddp_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
+    """Keyword arguments of megatron-core's `DistributedDataParallelConfig` (the zero mapping)."""
+    _check(layout)
+    overlap = cfg.train.overlap_grad_reduce
+    kwargs: dict[str, Any] = {
+        "use_distributed_optimizer": layout.zero >= 1,
+        "overlap_grad_reduce": overlap,
+        "overlap_param_gather": overlap and layout.zero >= 1,
+    }
+    if fsdp(layout):
+        kwargs["use_megatron_fsdp"] = True
+        kwargs["data_parallel_sharding_strategy"] = FSDP_STRATEGY[layout.zero]
+    return kwargs
+
+
+def optimizer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
+    """Keyword arguments of megatron-core's `OptimizerConfig` (AdamW, precision and offload)."""
+    _check(layout)
+    precision = cfg.train.precision
+    offload = layout.offload == "optimizer"
+    kwargs: dict[str, Any] = {
+        "optimizer": "adam",
+        "lr": LEARNING_RATE,
+        "min_lr": MIN_LEARNING_RATE,
+        "weight_decay": WEIGHT_DECAY,
+        "adam_beta1": ADAM_BETAS[0],
+        "adam_beta2": ADAM_BETAS[1],
+        "adam_eps": ADAM_EPS,
+        "clip_grad": CLIP_GRAD,
+        "bf16": precision in ("bf16", "fp8"),
+        "fp16": precision == "fp16",
+        "params_dtype": _dtype(cfg),
+        "use_distributed_optimizer": layout.zero >= 1,
+    }
+    if offload:
+        kwargs.update(optimizer_cpu_offload=True, use_precision_aware_optimizer=True,
+                      optimizer_offload_fraction=1.0)
+    return kwargs

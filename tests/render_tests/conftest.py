@@ -1,0 +1,15 @@
+"""Render tests: a test that takes `megatron_case` or `deepspeed_case` runs once per sampled
+(config, layout) of render_samples.py."""
+
+from __future__ import annotations
+
+import pytest
+from render_samples import sample
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    for framework in ("megatron", "deepspeed"):
+        fixture = f"{framework}_case"
+        if fixture in metafunc.fixturenames:
+            cases = sample(framework)
+            metafunc.parametrize(fixture, cases, ids=[case.name for case in cases])

@@ -1,0 +1,184 @@
+"""Megatron flags and megatron-core configs: real flag names, built configs, the zero mapping."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from pathlib import Path
+
+import pytest
+import torch.distributed
+from render_samples import FEATURES
+from render_samples import Case
+from render_samples import problem
+from render_samples import sample
+
+from autotune import AutotuneError
+from autotune import Layout
+from autotune.megatron_config import ddp_config_kwargs
+from autotune.megatron_config import megatron_args
+from autotune.megatron_config import optimizer_config_kwargs
+from autotune.megatron_config import transformer_config_kwargs
+from autotune.render import megatron_launch_script
+
+with warnings.catch_warnings():  # megatron-core warns that Transformer Engine / Apex are absent
+    warnings.simplefilter("ignore")
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.utils import get_te_version
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::UserWarning:megatron.core.transformer.transformer_config"
+)
+
+MEGATRON_LM_FLAGS = frozenset(
+    line.strip()
+    for line in (Path(__file__).parent / "megatron_lm_flags.txt").read_text().splitlines()
+    if line.startswith("--")
+)
+
+
+def flag_values(args: list[str]) -> dict[str, list[str]]:
+    """Each flag with the values that follow it."""
+    parsed: dict[str, list[str]] = {}
+    current = ""
+    for arg in args:
+        if arg.startswith("--"):
+            current = arg
+            parsed[current] = []
+        else:
+            parsed[current].append(arg)
+    return parsed
+
+
+def test_flags_exist_in_megatron_lm(megatron_case: Case) -> None:
+    args = megatron_args(megatron_case.cfg, megatron_case.layout)
+    unknown = {arg for arg in args if arg.startswith("--")} - MEGATRON_LM_FLAGS
+    assert not unknown, f"not Megatron-LM flags: {sorted(unknown)}"
+    assert len(flag_values(args)) == len([a for a in args if a.startswith("--")]), "duplicates"
+
+
+def test_transformer_config_builds_on_cpu(megatron_case: Case) -> None:
+    cfg, layout = megatron_case.cfg, megatron_case.layout
+    assert not torch.distributed.is_initialized()
+    config = TransformerConfig(**transformer_config_kwargs(cfg, layout))
+    assert config.tensor_model_parallel_size == layout.tp
+    assert config.pipeline_model_parallel_size == layout.pp
+    assert config.context_parallel_size == layout.cp
+    assert config.sequence_parallel == layout.sp
+    assert config.virtual_pipeline_model_parallel_size == (layout.vpp if layout.vpp > 1 else None)
+    assert config.num_query_groups == cfg.model.query_groups
+
+
+def test_ddp_and_optimizer_configs(megatron_case: Case) -> None:
+    cfg, layout = megatron_case.cfg, megatron_case.layout
+    ddp = DistributedDataParallelConfig(**ddp_config_kwargs(cfg, layout))
+    assert ddp.use_megatron_fsdp == (layout.zero >= 2)
+    assert ddp.use_distributed_optimizer == (layout.zero >= 1)
+    kwargs = optimizer_config_kwargs(cfg, layout)
+    if kwargs.get("use_precision_aware_optimizer") and get_te_version() is None:
+        # OptimizerConfig checks the Transformer Engine version for the precision-aware optimizer
+        names = {field.name for field in dataclasses.fields(OptimizerConfig)}
+        assert set(kwargs) <= names
+        return
+    optimizer = OptimizerConfig(**kwargs)
+    assert optimizer.optimizer_cpu_offload == (layout.offload == "optimizer")
+
+
+def test_flags_agree_with_transformer_config(megatron_case: Case) -> None:
+    cfg, layout = megatron_case.cfg, megatron_case.layout
+    flags = flag_values(megatron_args(cfg, layout))
+    kwargs = transformer_config_kwargs(cfg, layout)
+    assert flags["--tensor-model-parallel-size"] == [str(kwargs["tensor_model_parallel_size"])]
+    assert flags["--pipeline-model-parallel-size"] == [str(kwargs["pipeline_model_parallel_size"])]
+    assert flags["--num-layers"] == [str(kwargs["num_layers"])]
+    first = kwargs.get("num_layers_in_first_pipeline_stage")
+    assert flags.get("--decoder-first-pipeline-num-layers") == ([str(first)] if first else None)
+    assert ("--sequence-parallel" in flags) == kwargs["sequence_parallel"]
+    assert flags.get("--recompute-granularity") == (
+        [kwargs["recompute_granularity"]] if "recompute_granularity" in kwargs else None)
+    assert ("--bf16" in flags) == kwargs["bf16"]
+    assert ("--fp16" in flags) == kwargs["fp16"]
+    assert flags["--global-batch-size"] == [str(cfg.train.global_batch_size)]
+    assert flags["--micro-batch-size"] == [str(layout.mbs)]
+
+
+def test_zero_mapping(megatron_case: Case) -> None:
+    layout = megatron_case.layout
+    flags = flag_values(megatron_args(megatron_case.cfg, layout))
+    assert ("--use-distributed-optimizer" in flags) == (layout.zero >= 1)
+    assert ("--use-megatron-fsdp" in flags) == (layout.zero >= 2)
+    if layout.zero >= 2:
+        strategy = {2: "optim_grads", 3: "optim_grads_params"}[layout.zero]
+        assert flags["--data-parallel-sharding-strategy"] == [strategy]
+        assert flags["--ckpt-format"] == ["fsdp_dtensor"]
+        assert "--no-gradient-accumulation-fusion" in flags
+    offload = layout.offload == "optimizer"
+    assert ("--optimizer-cpu-offload" in flags) == offload
+    assert ("--use-precision-aware-optimizer" in flags) == offload
+    if "--overlap-param-gather" in flags:
+        assert "--overlap-grad-reduce" in flags and layout.zero >= 1
+
+
+def test_device_connections_env(megatron_case: Case) -> None:
+    layout = megatron_case.layout
+    script = megatron_launch_script(megatron_case.cfg, layout)
+    fsdp = layout.zero >= 2
+    assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in script) == (
+        (layout.tp > 1 or layout.cp > 1) and not fsdp)
+    assert ("unset CUDA_DEVICE_MAX_CONNECTIONS" in script) == fsdp
+    assert "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in script
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in script
+
+
+def test_sample_covers_every_megatron_feature() -> None:
+    cases = sample("megatron")
+    covered = {name for name, check in FEATURES.items()
+               if any(check(case.cfg, case.layout) for case in cases)}
+    wanted = {"zero0", "zero1", "zero2", "zero3", "offload-optimizer", "tp", "pp", "vpp", "cp",
+              "sp", "selective", "full", "uneven", "uneven-vpp", "fsdp-tp"}
+    assert wanted <= covered
+
+
+def test_llama3_405b_uneven_pipeline() -> None:
+    cfg = problem("llama3-405b", "dgx-h100:2048", "megatron", None)
+    layout = Layout(tp=8, pp=16, cp=8, dp=16, zero=1, gas=128, sp=True)
+    flags = flag_values(megatron_args(cfg, layout))
+    assert flags["--decoder-first-pipeline-num-layers"] == ["7"]
+    assert flags["--decoder-last-pipeline-num-layers"] == ["7"]
+    assert "--num-layers-per-virtual-pipeline-stage" not in flags
+    config = TransformerConfig(**transformer_config_kwargs(cfg, layout))
+    assert config.num_layers_in_first_pipeline_stage == 7
+    assert config.num_layers_in_last_pipeline_stage == 7
+
+
+def test_uneven_with_virtual_stages_uses_stages_per_rank() -> None:
+    # arguments.py rejects --num-layers-per-virtual-pipeline-stage together with uneven stages
+    cfg = problem("llama3-405b", "dgx-h100:2048", "megatron", None)
+    layout = Layout(tp=8, pp=8, cp=4, dp=64, vpp=3, zero=1, gas=32, sp=True)
+    flags = flag_values(megatron_args(cfg, layout))
+    assert flags["--num-virtual-stages-per-pipeline-rank"] == ["3"]
+    assert flags["--decoder-first-pipeline-num-layers"] == ["9"]
+    assert "--num-layers-per-virtual-pipeline-stage" not in flags
+
+
+def test_even_virtual_stages() -> None:
+    cfg = problem("gpt3-175b", "dgx-a100:128", "megatron", None)
+    layout = Layout(tp=8, pp=8, dp=16, vpp=4, zero=1, gas=96, sp=True)
+    flags = flag_values(megatron_args(cfg, layout))
+    assert flags["--num-layers-per-virtual-pipeline-stage"] == ["3"]  # 96 / 8 / 4
+    assert "--decoder-first-pipeline-num-layers" not in flags
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [Layout(dp=8, zero=3, offload="optimizer+params", gas=64),
+     Layout(dp=8, zero=0, offload="optimizer", gas=64),
+     Layout(dp=4, pp=2, vpp=3, zero=1, gas=128)],
+    ids=["param-offload", "offload-without-distributed-optimizer", "layers-do-not-split"],
+)
+def test_unrepresentable_layouts_raise(layout: Layout) -> None:
+    cfg = problem("llama3-8b", "dgx-h100:1", "megatron", None)
+    with pytest.raises(AutotuneError):
+        megatron_args(cfg, layout)

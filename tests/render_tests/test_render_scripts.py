@@ -1,0 +1,263 @@
+"""Rendered shell scripts: bash -n, shellcheck, real runs against fake launchers, injection."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from render_samples import Case
+from render_samples import problem
+from render_samples import sample
+
+from autotune import AutotuneConfig
+from autotune import AutotuneError
+from autotune import Layout
+from autotune import render
+from autotune.megatron_config import megatron_args
+from autotune.render import TrainProgram
+from autotune.render import deepspeed_launch_script
+from autotune.render import megatron_launch_script
+from autotune.render import sbatch_script
+from autotune.render import write_artifacts
+
+EVIL = "evil name $(touch pwned) `touch pwned`; touch pwned 'q' \"d\" \\ * ~ #"
+"""A value that runs `touch pwned` wherever a shell evaluates it unquoted."""
+FAKE = """#!/usr/bin/env bash
+# records its argv (NUL-separated) as $RECORD_DIR/<name>; srun then runs the command it got
+printf '%s\\0' "$@" > "$RECORD_DIR/$(basename "$0")"
+if [[ "$(basename "$0")" == srun ]]; then
+  while [[ "$1" == --* ]]; do shift; done
+  exec "$@"
+fi
+if [[ "$(basename "$0")" == deepspeed ]]; then
+  cp "$DS_ENV_FILE" "$RECORD_DIR/deepspeed_env"
+fi
+"""
+SCONTROL = """#!/usr/bin/env bash
+printf 'nodeA\\nnodeB\\n'
+"""
+
+
+def scripts(cases: tuple[Case, ...]) -> dict[str, str]:
+    """File name → text of every launch and sbatch script of the sampled cases."""
+    out: dict[str, str] = {}
+    for i, case in enumerate(cases):
+        if case.cfg.train.framework == "megatron":
+            out[f"{i}-pretrain_gpt.sh"] = megatron_launch_script(case.cfg, case.layout)
+        else:
+            out[f"{i}-launch_deepspeed.sh"] = deepspeed_launch_script(case.cfg, case.layout)
+        out[f"{i}-sbatch.sh"] = sbatch_script(case.cfg, case.layout, job_name="trial")
+    return out
+
+
+@pytest.mark.parametrize("framework", ["megatron", "deepspeed"])
+def test_scripts_pass_bash_n_and_shellcheck(framework: str, tmp_path: Path) -> None:
+    files = scripts(sample(framework))
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        check = subprocess.run(["bash", "-n", str(tmp_path / name)], capture_output=True,
+                               text=True)
+        assert check.returncode == 0, f"{name}: {check.stderr}"
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed")
+    lint = subprocess.run(["shellcheck", "-f", "gcc", *sorted(files)], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+# --- real runs against fake launchers -----------------------------------------------------------
+
+
+@pytest.fixture
+def fakes(tmp_path: Path) -> dict[str, str]:
+    """Environment whose PATH has recording torchrun, deepspeed, srun and scontrol."""
+    bin_dir, records = tmp_path / "bin", tmp_path / "records"
+    bin_dir.mkdir()
+    records.mkdir()
+    for name, text in (("torchrun", FAKE), ("deepspeed", FAKE), ("srun", FAKE),
+                       ("scontrol", SCONTROL)):
+        path = bin_dir / name
+        path.write_text(text)
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    keep = {key: os.environ[key] for key in ("HOME", "LANG") if key in os.environ}
+    return {**keep, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "RECORD_DIR": str(records)}
+
+
+def recorded(env: dict[str, str], name: str) -> list[str]:
+    """Argv the fake `name` was called with."""
+    raw = (Path(env["RECORD_DIR"]) / name).read_bytes().decode()
+    return raw.split("\0")[:-1]
+
+
+def run(script: Path, env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(script), *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=60)
+
+
+def _evil(cfg: AutotuneConfig) -> AutotuneConfig:
+    model = cfg.model.model_copy(update={"name": EVIL + "\ntouch pwned"})
+    cluster = cfg.cluster.model_copy(update={"name": EVIL})
+    return cfg.model_copy(update={"model": model, "cluster": cluster})
+
+
+@pytest.fixture
+def megatron_setup(tmp_path: Path) -> tuple[AutotuneConfig, Layout, Path]:
+    """A two-node Megatron problem with an evil model name and Megatron-LM path."""
+    cfg = _evil(problem("llama3-8b", "dgx-h100:2", "megatron", None))
+    layout = Layout(tp=2, pp=2, cp=1, dp=4, zero=1, gas=128, sp=True, recompute="selective")
+    checkout = tmp_path / EVIL.replace("/", "_")
+    checkout.mkdir()
+    (checkout / "pretrain_gpt.py").write_text("")
+    return cfg, layout, checkout
+
+
+def test_pretrain_script_passes_exact_flags(megatron_setup, fakes, tmp_path: Path) -> None:
+    cfg, layout, checkout = megatron_setup
+    script = tmp_path / "pretrain_gpt.sh"
+    script.write_text(megatron_launch_script(cfg, layout, megatron_lm=str(checkout)))
+    env = {**fakes, "NODE_RANK": "1", "MASTER_ADDR": "head node"}
+    result = run(script, env, "--exit-interval", "5", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert recorded(env, "torchrun") == [
+        "--nproc_per_node", "8", "--nnodes", "2", "--node_rank", "1",
+        "--master_addr", "head node", "--master_port", "6000",
+        str(checkout / "pretrain_gpt.py"), *megatron_args(cfg, layout), "--exit-interval", "5",
+    ]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_pretrain_script_rejects_wrong_world_size(megatron_setup, fakes, tmp_path) -> None:
+    cfg, layout, checkout = megatron_setup
+    script = tmp_path / "pretrain_gpt.sh"
+    script.write_text(megatron_launch_script(cfg, layout, megatron_lm=str(checkout)))
+    result = run(script, {**fakes, "NNODES": "1"}, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "16 GPUs" in result.stderr
+    result = run(script, {**fakes, "MEGATRON_LM": str(tmp_path / "missing")}, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "MEGATRON_LM" in result.stderr
+
+
+def test_megatron_sbatch_runs_pretrain_on_each_node(megatron_setup, fakes, tmp_path) -> None:
+    cfg, layout, checkout = megatron_setup
+    paths = write_artifacts(cfg, layout, tmp_path / "out", job_name="trial")
+    slurm = {"SLURM_JOB_NODELIST": "node[A-B]", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
+             "SLURM_JOB_ID": "42", "SLURM_SUBMIT_DIR": str(tmp_path / "out"),
+             "MEGATRON_LM": str(checkout)}
+    env = {**fakes, **slurm}
+    result = run(paths["sbatch.sh"], env, "--exit-interval", "5", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert recorded(env, "srun") == [
+        "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash",
+        str(tmp_path / "out" / "pretrain_gpt.sh"), "--exit-interval", "5",
+    ]
+    torchrun = recorded(env, "torchrun")
+    assert torchrun[:10] == ["--nproc_per_node", "8", "--nnodes", "2", "--node_rank", "1",
+                             "--master_addr", "nodeA", "--master_port", "6000"]
+    assert torchrun[11:] == [*megatron_args(cfg, layout), "--exit-interval", "5"]
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.fixture
+def deepspeed_setup(tmp_path: Path) -> tuple[AutotuneConfig, Layout, TrainProgram]:
+    """A two-node DeepSpeed problem with an evil model name and training program."""
+    cfg = _evil(problem("llama3-8b", "dgx-h100:2", "deepspeed", None))
+    layout = Layout(tp=2, pp=1, cp=2, dp=4, zero=3, offload="optimizer", gas=128)
+    program = TrainProgram(script=str(tmp_path / EVIL.replace("/", "_")), args=(EVIL, "--x"),
+                           config_flag="--ds-config", layout_flag="--layout")
+    return cfg, layout, program
+
+
+def test_launch_deepspeed_script(deepspeed_setup, fakes, tmp_path: Path) -> None:
+    cfg, layout, program = deepspeed_setup
+    paths = write_artifacts(cfg, layout, tmp_path / "out", program=program)
+    env = {**fakes, "MASTER_ADDR": "nodeA"}
+    result = run(paths["launch_deepspeed.sh"], env, "--steps", "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "out"
+    assert recorded(env, "deepspeed") == [
+        "--hostfile", str(out / "hostfile"), "--num_nodes", "2", "--num_gpus", "8",
+        "--master_port", "6000", "--master_addr", "nodeA", program.script, EVIL, "--x",
+        "--ds-config", str(out / "ds_config.json"), "--layout", str(out / "layout.json"),
+        "--steps", "3",
+    ]
+    forwarded = (Path(env["RECORD_DIR"]) / "deepspeed_env").read_text().split()
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in forwarded
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_deepspeed_sbatch_uses_c10d_rendezvous(deepspeed_setup, fakes, tmp_path) -> None:
+    cfg, layout, program = deepspeed_setup
+    program = TrainProgram(script="autotune.workloads.deepspeed_gpt", module=True,
+                           args=program.args, config_flag="--ds-config", layout_flag="--layout")
+    paths = write_artifacts(cfg, layout, tmp_path / "out", program=program)
+    out = str(tmp_path / "out")
+    env = {**fakes, "SLURM_JOB_NODELIST": "node[A-B]", "SLURM_NNODES": "2",
+           "SLURM_JOB_ID": "42", "SLURM_SUBMIT_DIR": out}
+    result = run(paths["sbatch.sh"], env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert recorded(env, "torchrun") == [
+        "--nproc_per_node", "8", "--nnodes", "2", "--module", "--rdzv_id", "42",
+        "--rdzv_backend", "c10d", "--rdzv_endpoint", "nodeA:6000",
+        "autotune.workloads.deepspeed_gpt", EVIL, "--x", "--ds-config", f"{out}/ds_config.json",
+        "--layout", f"{out}/layout.json",
+    ]
+    assert not (tmp_path / "pwned").exists()
+
+
+# --- injection -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [EVIL, "a b", "$HOME", "x\ntouch pwned", "", "'"])
+def test_shquote_keeps_values_inert(value: str, tmp_path: Path) -> None:
+    quoted = render._environment().filters["shquote"](value)
+    echoed = subprocess.run(["bash", "-c", f"printf '%s' {quoted}"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert echoed.stdout == value
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_evil_values_stay_in_comments(megatron_setup, deepspeed_setup, tmp_path) -> None:
+    cfg, layout, checkout = megatron_setup
+    texts = [megatron_launch_script(cfg, layout, megatron_lm=str(checkout)),
+             sbatch_script(cfg, layout, job_name="trial")]
+    ds_cfg, ds_layout, program = deepspeed_setup
+    texts += [deepspeed_launch_script(ds_cfg, ds_layout, program=program),
+              sbatch_script(ds_cfg, ds_layout, job_name="trial", program=program)]
+    for text in texts:
+        assert not [line for line in text.splitlines() if line.lstrip().startswith("touch")]
+        script = tmp_path / "check.sh"
+        script.write_text(text)
+        assert subprocess.run(["bash", "-n", str(script)], cwd=tmp_path).returncode == 0
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"job_name": "x\ntouch pwned"}, {"job_name": "a b"}, {"job_name": "ok", "partition": "$(id)"},
+     {"job_name": "ok", "extra": ("--qos=$(id)",)}, {"job_name": "ok", "extra": ("qos=high",)}],
+    ids=["newline", "space", "partition", "extra-value", "extra-not-an-option"],
+)
+def test_sbatch_rejects_unsafe_directives(options: dict) -> None:
+    cfg = problem("llama2-7b", "dgx-h100:1", "megatron", None)
+    with pytest.raises(AutotuneError):
+        sbatch_script(cfg, Layout(dp=8, zero=1, gas=128), **options)
+
+
+def test_sbatch_directives() -> None:
+    cfg = problem("llama2-7b", "dgx-h100:4", "megatron", None)
+    text = sbatch_script(cfg, Layout(tp=8, dp=4, zero=1, gas=256, sp=True), job_name="llama",
+                         partition="gpu", account="proj-1", time_limit="02:00:00",
+                         extra=("--qos=high",))
+    directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert directives == [
+        "#SBATCH --job-name=llama", "#SBATCH --partition=gpu", "#SBATCH --account=proj-1",
+        "#SBATCH --time=02:00:00", "#SBATCH --qos=high", "#SBATCH --nodes=4",
+        "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive",
+        "#SBATCH --output=%x-%j.out",
+    ]

@@ -1,0 +1,217 @@
+"""The Optuna study: rules recorded, warm start, no duplicate work, resume, rendered winners."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.exceptions import AutotuneError
+from autotune.inputs import load_config
+from autotune.runners.command import CommandRunner
+from autotune.runners.simulate import SimulateRunner
+from autotune.search import TuneOptions
+from autotune.search import recover_interrupted
+from autotune.search import tune
+from autotune.space import enumerate_layouts
+from autotune.space import load_space
+
+CFG = load_config("llama3-8b", "dgx-h100:4")
+SPACE = load_space(None, "megatron")
+
+
+def test_tune_simulate_renders_winners(tmp_path: Path) -> None:
+    result = tune(
+        CFG,
+        SPACE,
+        SimulateRunner(noise=0.1, seed=3),
+        TuneOptions(out_dir=tmp_path, trials=8, top_k=2),
+    )
+    ran = [r for r in result.records if r.get("ran")]
+    assert len(ran) == 8
+    assert len({r["layout_id"] for r in ran}) == 8, "a layout ran twice"
+    # the first trials are the model's own top layouts (warm start)
+    top = enumerate_layouts(CFG, SPACE).feasible.row(0)
+    assert result.records[0]["layout_id"] == top.id and result.records[0]["warm_start"] == 1
+    best = result.ranked[0]
+    assert best["measured_tokens_per_s"] == max(r["measured_tokens_per_s"] for r in ran)
+    manifest = json.loads((tmp_path / "best" / "manifest.json").read_text())
+    assert manifest["measured"]["tokens_per_s"] == pytest.approx(best["measured_tokens_per_s"])
+    assert len(list((tmp_path / "top").iterdir())) == 2
+    assert (tmp_path / "study.db").exists()
+
+
+def test_rule_rejections_are_recorded_and_not_run(tmp_path: Path) -> None:
+    result = tune(
+        CFG,
+        SPACE,
+        SimulateRunner(),
+        TuneOptions(out_dir=tmp_path, trials=12, storage="memory", render=False, explore_every=2),
+    )
+    rejected = [r for r in result.records if r["status"] == "infeasible"]
+    assert rejected, "TPE exploration should hit some rule"
+    for r in rejected:
+        assert r["rule"] and r["reason"] and not r.get("ran")
+        assert r["value"] == 0.0
+
+
+def test_parallel_jobs_do_not_duplicate_work(tmp_path: Path) -> None:
+    result = tune(
+        CFG,
+        SPACE,
+        SimulateRunner(noise=0.05),
+        TuneOptions(out_dir=tmp_path, trials=10, jobs=3, render=False),
+    )
+    ran = [r["layout_id"] for r in result.records if r.get("ran")]
+    assert len(ran) == len(set(ran)) >= 10
+
+
+def test_resume_keeps_completed_trials_and_retries_interrupted(tmp_path: Path) -> None:
+    options = TuneOptions(
+        out_dir=tmp_path,
+        trials=4,
+        render=False,
+        storage="journal:" + str(tmp_path / "journal.log"),
+    )
+    first = tune(CFG, SPACE, SimulateRunner(), options)
+    study = optuna.load_study(
+        study_name=first.study_name,
+        storage=optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(tmp_path / "journal.log"))
+        ),
+    )
+    # a worker killed mid-trial leaves a RUNNING trial behind
+    abandoned = study.ask()
+    abandoned.suggest_categorical("tp", [1, 2, 4, 8])
+    with pytest.raises(AutotuneError, match="--resume"):
+        tune(CFG, SPACE, SimulateRunner(), options)
+    resumed = tune(
+        CFG,
+        SPACE,
+        SimulateRunner(),
+        TuneOptions(**{**options.__dict__, "resume": True, "trials": 7}),
+    )
+    numbers = {r["number"]: r for r in resumed.records}
+    for r in first.records:
+        assert numbers[r["number"]]["value"] == r["value"], "a completed trial changed"
+    assert numbers[abandoned.number]["state"] == "FAIL"
+    assert any(r.get("retry_of") == abandoned.number for r in resumed.records)
+    assert sum(1 for r in resumed.records if r.get("ran")) == 7
+
+
+def test_resume_refuses_other_inputs(tmp_path: Path) -> None:
+    options = TuneOptions(out_dir=tmp_path, trials=2, render=False)
+    tune(CFG, SPACE, SimulateRunner(), options)
+    other = load_config("llama3-8b", "dgx-h100:8")
+    with pytest.raises(AutotuneError, match="other inputs"):
+        tune(
+            other,
+            SPACE,
+            SimulateRunner(),
+            TuneOptions(
+                **{
+                    **options.__dict__,
+                    "resume": True,
+                    "study_name": "llama3-8b-dgx-h100:4-megatron",
+                }
+            ),
+        )
+
+
+def _script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "trial.py"
+    path.write_text(body)
+    return f"{sys.executable} {path} {{layout_json}} {{trial_dir}}"
+
+
+def test_command_runner_measures_and_survives_failures(tmp_path: Path) -> None:
+    body = """
+import json, sys, time
+layout = json.load(open(sys.argv[1]))
+if layout["zero"] == 2:
+    sys.exit(7)                      # a crash
+if layout["zero"] == 3:
+    print("not json at all")         # bad output
+    sys.exit(0)
+for step in range(3):
+    print(json.dumps({"event": "step", "tokens_per_s": 1000.0 * layout["mbs"]}), flush=True)
+print(json.dumps({"step_time_s": 1.0 / layout["mbs"], "peak_memory_gb": 12.5}))
+"""
+    runner = CommandRunner(_script(tmp_path, body), timeout_s=60)
+    space = SPACE.model_copy(
+        update={
+            "tp": [1],
+            "pp": [1],
+            "cp": [1],
+            "vpp": [1],
+            "zero": [1, 2, 3],
+            "offload": ["none"],
+            "mbs": [1, 2],
+            "recompute": ["selective"],
+            "sp": [False],
+        }
+    )
+    small = load_config("gpt3-1.3b", "dgx-a100:1")
+    result = tune(
+        small, space, runner, TuneOptions(out_dir=tmp_path / "out", trials=6, render=False)
+    )
+    by_zero = {}
+    for r in result.records:
+        if r.get("ran"):
+            by_zero.setdefault(r["layout_fields"]["zero"], []).append(r)
+    assert all(r["status"] == "crash" and "exit code 7" in r["reason"] for r in by_zero[2])
+    assert all(r["status"] == "crash" and "no JSON" in r["reason"] for r in by_zero[3])
+    oks = [r for r in by_zero[1] if r["status"] == "ok"]
+    assert oks and oks[0]["measured_peak_memory_bytes"] == pytest.approx(12.5e9)
+    trial_dir = Path(oks[0]["trial_dir"])
+    for name in ("layout.json", "command.sh", "stdout.log", "manifest.json"):
+        assert (trial_dir / name).exists()
+
+
+def test_command_runner_timeout_kills_the_process(tmp_path: Path) -> None:
+    marker = tmp_path / "pid"
+    body = f"""
+import os, time
+open({str(marker)!r}, "w").write(str(os.getpid()))
+time.sleep(60)
+"""
+    runner = CommandRunner(_script(tmp_path, body), timeout_s=1.5)
+    space = SPACE.model_copy(
+        update={
+            k: [v]
+            for k, v in dict(
+                tp=1, pp=1, cp=1, vpp=1, zero=1, offload="none", mbs=1, recompute="none", sp=False
+            ).items()
+        }
+    )
+    small = load_config("gpt3-1.3b", "dgx-a100:1")
+    result = tune(
+        small,
+        space,
+        runner,
+        TuneOptions(out_dir=tmp_path / "o", trials=1, render=False, warm_start=1),
+    )
+    assert result.records[0]["status"] == "timeout"
+    pid = int(marker.read_text())
+    assert not Path(f"/proc/{pid}").exists(), "the timed-out command is still running"
+
+
+def test_unknown_placeholder_is_a_clear_error() -> None:
+    with pytest.raises(AutotuneError, match="placeholder"):
+        CommandRunner("run {nope}")
+    plan_free = CommandRunner("""echo '{"a": 1}' {layout}""")
+    assert "{layout}" in plan_free.template
+
+
+def test_study_states_are_plain_optuna(tmp_path: Path) -> None:
+    result = tune(
+        CFG, SPACE, SimulateRunner(), TuneOptions(out_dir=tmp_path, trials=3, render=False)
+    )
+    study = optuna.load_study(study_name=result.study_name, storage=result.storage)
+    assert study.best_trial.user_attrs["status"] == "ok"
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.trials)
+    assert recover_interrupted(study) == 0
