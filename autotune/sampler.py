@@ -25,12 +25,12 @@ from autotune.calibration import Measured
 from autotune.calibration import fit_constants
 from autotune.constants import Constants
 from autotune.estimate import evaluate
+from autotune.layout import SEARCH_DIMS
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.space import SearchSpace
 from autotune.specs import AutotuneConfig
 
-SEARCH_DIMS = ("tp", "pp", "cp", "vpp", "zero", "offload", "mbs", "recompute", "sp")
 REFIT = ("gemm_efficiency", "comm_efficiency")
 """Constants refitted to measured trials (few points: the two that move rankings most)."""
 

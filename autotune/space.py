@@ -20,6 +20,7 @@ from autotune.exceptions import AutotuneError
 from autotune.inputs import validation_message
 from autotune.layout import OFFLOADS
 from autotune.layout import RECOMPUTES
+from autotune.layout import SEARCH_DIMS
 from autotune.layout import LayoutTable
 from autotune.resources import resource_dir
 from autotune.rules import rules_for
@@ -66,10 +67,9 @@ class SearchSpace(BaseModel):
     @property
     def size(self) -> int:
         """Candidates before any rule."""
-        return int(np.prod([len(getattr(self, d)) for d in _DIMS]))
+        return int(np.prod([len(getattr(self, d)) for d in SEARCH_DIMS]))
 
 
-_DIMS = ("tp", "pp", "cp", "vpp", "zero", "offload", "mbs", "recompute", "sp")
 
 
 def load_space(ref: str | None, framework: str) -> SearchSpace:
