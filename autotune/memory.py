@@ -28,6 +28,10 @@ MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "b
 """Named parts of the per-GPU memory estimate, in report order."""
 
 
+ZERO3_PREFETCH_FRACTION = 0.25
+"""ZeRO-3 prefetch bucket as a fraction of the reduce bucket (rendered and counted alike)."""
+
+
 def deepspeed_bucket_elements(params_per_rank: np.ndarray | int) -> np.ndarray:
     """ZeRO reduce/all-gather bucket size in elements (what the rendered ds_config.json uses)."""
     return np.minimum(200_000_000, np.maximum(params_per_rank, 1_000_000))
@@ -157,7 +161,8 @@ def _buffers(cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> np.ndar
         return np.zeros(len(t))
     bucket = deepspeed_bucket_elements(params)
     # overlap_comm double-buffers the reduce bucket; ZeRO-3 adds a prefetch bucket
-    return np.where(t.zero >= 1, 2 * 2 * bucket, 0.0) + np.where(t.zero >= 3, 2 * 0.25 * bucket, 0)
+    reduce = np.where(t.zero >= 1, 2 * 2 * bucket, 0.0)
+    return reduce + np.where(t.zero >= 3, 2 * ZERO3_PREFETCH_FRACTION * bucket, 0.0)
 
 
 def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str, np.ndarray]:

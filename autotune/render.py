@@ -46,6 +46,7 @@ from autotune.megatron_config import fsdp
 from autotune.megatron_config import megatron_args
 from autotune.megatron_config import needs_single_connection
 from autotune.megatron_config import pipeline_split
+from autotune.memory import ZERO3_PREFETCH_FRACTION
 from autotune.memory import deepspeed_bucket_elements
 from autotune.memory import params_on_rank
 from autotune.resources import resource_dir
@@ -168,8 +169,7 @@ def _deepspeed_context(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
         "zero": layout.zero,
         "overlap_comm": cfg.train.overlap_grad_reduce,
         "bucket": bucket,
-        # the memory model counts a quarter bucket of 16-bit prefetch (memory._buffers)
-        "prefetch_bucket": bucket // 4,
+        "prefetch_bucket": int(bucket * ZERO3_PREFETCH_FRACTION),
         "persistence_threshold": 10 * cfg.model.hidden_size,
         "max_live_parameters": 1_000_000_000,
         "offload_optimizer": layout.offload != "none",
@@ -185,6 +185,10 @@ def _deepspeed_context(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
         "weight_decay": WEIGHT_DECAY,
         "clip_grad": CLIP_GRAD,
         "steps_per_print": 1,
+        # AutoTP finds Llama-style module names with the llama preset
+        "autotp_preset": "llama" if cfg.model.gated else None,
+        # on CPU processes use torch's AdamW: DeepSpeed's fused CPU Adam is a 90 s JIT build
+        "torch_adam": cfg.cluster.cpu_processes,
     }
 
 

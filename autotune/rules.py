@@ -232,6 +232,20 @@ def _ulysses_heads(cfg, t, k):
     return ((m.num_attention_heads // t.tp) % t.cp != 0) | ((m.query_groups // t.tp) % t.cp != 0)
 
 
+@rule("deepspeed_pipeline_alone",
+      "DeepSpeed's pipeline engine takes no mpu, so AutoTP (tp) and Ulysses (cp) groups cannot "
+      "join it: pp={l.pp} needs tp=1 and cp=1", ("deepspeed",))
+def _ds_pp_alone(cfg, t, k):
+    return (t.pp > 1) & ((t.tp > 1) | (t.cp > 1))
+
+
+@rule("deepspeed_autotp_without_ulysses",
+      "DeepSpeed AutoTP and Ulysses each build their own groups over the same ranks and cannot be "
+      "combined (tp={l.tp}, cp={l.cp})", ("deepspeed",))
+def _ds_tp_cp(cfg, t, k):
+    return (t.tp > 1) & (t.cp > 1)
+
+
 # --- ZeRO, distributed optimizer and offload -------------------------------------------------
 
 

@@ -18,10 +18,12 @@ from autotune import AutotuneError
 from autotune import Layout
 from autotune import estimate
 from autotune import render
+from autotune.constants import constants_for
 from autotune.memory import MEMORY_PARTS
 from autotune.perf import TIME_PARTS
 from autotune.render import TrainProgram
 from autotune.render import write_artifacts
+from autotune.rules import violations
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("AUTOTUNE_UPDATE_GOLDEN") == "1"
@@ -31,7 +33,7 @@ GOLDEN_CASES = {
                  Layout(tp=8, pp=16, cp=8, dp=16, zero=1, offload="optimizer", gas=128, sp=True,
                         recompute="selective")),
     "deepspeed": ("llama2-7b", "dgx-h100:4",
-                  Layout(tp=2, pp=1, cp=2, dp=8, zero=3, offload="optimizer+params", gas=128,
+                  Layout(tp=2, pp=1, cp=1, dp=16, zero=3, offload="optimizer+params", gas=64,
                          recompute="full")),
 }
 GOLDEN_FILES = {
@@ -48,6 +50,7 @@ def test_golden(framework: str, name: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(render, "_version", lambda: "VERSION")
     model, cluster, layout = GOLDEN_CASES[framework]
     cfg = problem(model, cluster, framework, None)
+    assert violations(cfg, layout, constants_for(cfg.cluster.gpu)) == [], "golden must be legal"
     paths = write_artifacts(cfg, layout, tmp_path, job_name="golden")
     text = paths[name].read_text()
     golden = GOLDEN / framework / name

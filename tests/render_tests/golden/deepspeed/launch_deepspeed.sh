@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DeepSpeed launch, rendered by autotune VERSION.
 # Model llama2-7b on dgx-h100:4 (32 GPUs = 4 x 8).
-# Layout: tp=2,pp=1,cp=2,vpp=1,zero=3,offload=optimizer+params,mbs=1,recompute=full,sp=off
+# Layout: tp=2,pp=1,cp=1,vpp=1,zero=3,offload=optimizer+params,mbs=1,recompute=full,sp=off
 #
 # Edit ./hostfile (ssh-reachable hosts), keep this folder on a filesystem every node sees, then:
 #   TRAIN_SCRIPT=<your training script> bash launch_deepspeed.sh [script arguments]

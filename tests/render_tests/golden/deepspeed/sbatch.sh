@@ -7,7 +7,7 @@
 #SBATCH --output=%x-%j.out
 # Slurm job rendered by autotune VERSION.
 # Model llama2-7b on dgx-h100:4 (32 GPUs = 4 x 8).
-# Layout: tp=2,pp=1,cp=2,vpp=1,zero=3,offload=optimizer+params,mbs=1,recompute=full,sp=off
+# Layout: tp=2,pp=1,cp=1,vpp=1,zero=3,offload=optimizer+params,mbs=1,recompute=full,sp=off
 #
 # Submit from the folder that holds the artifacts (or set ARTIFACTS_DIR):
 #   cd <artifacts> && TRAIN_SCRIPT=<your training script> sbatch sbatch.sh [script arguments]
