@@ -1,0 +1,889 @@
+"""DeepSpeed trial program: train a Llama-style GPT for a few steps and report step times.
+
+Run under ``torchrun --nproc_per_node N`` or the ``deepspeed`` launcher::
+
+    python -m autotune.workloads.deepspeed_gpt --model tiny-gpt \\
+        --ds-config DIR/ds_config.json --layout DIR/layout.json --seq 256 --steps 6 --warmup 2
+
+Everything about the run comes from the rendered ``ds_config.json`` (batch sizes, ZeRO stage
+and offload, precision, ``tensor_parallel.autotp_size``) and ``layout.json`` (tp, pp, cp, dp,
+recompute); the model shape comes from ``--model``. The dimensions map onto DeepSpeed as:
+
+- dp: the engine's data parallelism with ZeRO 0-3, optimizer and parameter offload;
+- pp: ``deepspeed.pipe.PipelineModule`` trained with ``engine.train_batch`` (ZeRO <= 1);
+- tp: AutoTP training (``tensor_parallel.autotp_size``; Llama module names, ``preset_model``);
+- cp: Ulysses ``deepspeed.sequence.layer.DistributedAttention`` with ``parallel_state_sp``;
+- recompute: ``full`` checkpoints every decoder layer, ``selective`` the core attention.
+
+Rank 0 prints one JSON line per step and a final summary line to stdout (and appends them to
+``--metrics``); a rank that fails alone (oom, or a refusal inside ``deepspeed.initialize``)
+prints its own summary with a ``rank`` field. Worker exit codes: 0 ok, 2 bad input, 3 nan,
+4 oom, 5 rejected (a combination DeepSpeed cannot train; the summary's ``reason`` says why).
+Launchers turn any failing worker into their own exit code 1, so read the summary's status.
+Without a launcher the program runs as rank 0 of 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from autotune.exceptions import AutotuneError
+from autotune.inputs import load_model
+from autotune.layout import Layout
+from autotune.specs import ModelSpec
+
+EXIT_CODES = {"ok": 0, "bad_input": 2, "nan": 3, "oom": 4, "rejected": 5}
+"""Process exit code per summary status."""
+SEED = 1234
+"""Seed of the weights and of the synthetic token stream."""
+INJECTIONS = ("nan", "hang", "oom")
+"""Failures ``--inject`` can provoke, to test how runners classify them."""
+INJECT_STEP = 2
+"""Step at which an injected failure happens."""
+_OOM_MARKERS = ("out of memory", "can't allocate memory")
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """One trial, resolved from ds_config.json, layout.json and the command line."""
+
+    layout: Layout
+    """Parallel degrees and recompute (dp, zero, offload, mbs and gas agree with ds_config)."""
+    micro_batch: int
+    """Sequences per micro-step per data-parallel rank."""
+    gas: int
+    """Micro-steps per optimizer step."""
+    train_batch: int
+    """Sequences per optimizer step over all data-parallel ranks."""
+    precision: str
+    """bf16, fp16 or fp32 (from the bf16/fp16 sections of ds_config)."""
+    seq: int
+    """Tokens per sequence."""
+    steps: int
+    """Optimizer steps to run, warm-up included."""
+    warmup: int
+    """Leading steps left out of the summary."""
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step."""
+        return self.train_batch * self.seq
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Read the command line; launcher arguments such as ``--local_rank`` are ignored."""
+    parser = argparse.ArgumentParser(prog="python -m autotune.workloads.deepspeed_gpt")
+    parser.add_argument("--model", required=True, help="preset name, YAML or HF config.json")
+    parser.add_argument("--ds-config", required=True, type=Path, help="rendered ds_config.json")
+    parser.add_argument("--layout", required=True, type=Path, help="layout.json of the trial")
+    parser.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps, warm-up included")
+    parser.add_argument("--warmup", type=int, default=2, help="steps left out of the summary")
+    parser.add_argument("--metrics", type=Path, help="JSONL file the records are appended to")
+    parser.add_argument("--inject", choices=INJECTIONS, help="provoke a failure at step 2")
+    args, _unknown = parser.parse_known_args(argv)
+    if args.seq < 1 or args.warmup < 0 or args.steps <= args.warmup:
+        parser.error(
+            f"need --seq >= 1 and 0 <= --warmup < --steps (got seq={args.seq}, "
+            f"warmup={args.warmup}, steps={args.steps})"
+        )
+    return args
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise AutotuneError(f"cannot read {path}: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise AutotuneError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise AutotuneError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_layout(path: Path) -> Layout:
+    """The Layout in layout.json (its fields at the top level or under ``layout``)."""
+    data = _read_json(path)
+    data = data.get("layout", data) if isinstance(data.get("layout"), dict) else data
+    names = {field.name for field in dataclasses.fields(Layout)}
+    try:
+        return Layout(**{key: value for key, value in data.items() if key in names})
+    except TypeError as error:
+        raise AutotuneError(f"{path}: {error}") from None
+
+
+def _offload_of(zero: dict[str, Any]) -> str:
+    """The Layout offload value that a zero_optimization section describes."""
+
+    def on(section: str) -> bool:
+        value = zero.get(section) or {}
+        return str(value.get("device", "none")) not in ("none", "None")
+
+    if on("offload_param"):
+        return "optimizer+params"
+    return "optimizer" if on("offload_optimizer") else "none"
+
+
+def _batch_sizes(ds: dict[str, Any], dp: int) -> tuple[int, int, int]:
+    """(train_batch, micro_batch, gas) completed the way DeepSpeed completes them."""
+    train = ds.get("train_batch_size")
+    micro = ds.get("train_micro_batch_size_per_gpu")
+    gas = ds.get("gradient_accumulation_steps")
+    if micro is not None and gas is not None:
+        train = train if train is not None else micro * gas * dp
+    elif train is not None and micro is not None:
+        gas = train // (micro * dp)
+    elif train is not None and gas is not None:
+        micro = train // (gas * dp)
+    elif train is not None:
+        micro, gas = train // dp, 1
+    else:
+        raise AutotuneError(
+            "ds_config: set train_batch_size or train_micro_batch_size_per_gpu with "
+            "gradient_accumulation_steps"
+        )
+    if train != micro * gas * dp:
+        raise AutotuneError(
+            f"ds_config: train_batch_size ({train}) != micro ({micro}) · gas ({gas}) · dp ({dp})"
+        )
+    return int(train), int(micro), int(gas)
+
+
+def _precision(ds: dict[str, Any]) -> str:
+    if (ds.get("bf16") or {}).get("enabled"):
+        return "bf16"
+    return "fp16" if (ds.get("fp16") or {}).get("enabled") else "fp32"
+
+
+def make_plan(args: argparse.Namespace, ds: dict[str, Any], world_size: int) -> Plan:
+    """Check that ds_config.json, layout.json and the world agree, and resolve the trial.
+
+    Raises:
+        AutotuneError: the files contradict each other or the world size.
+    """
+    layout = read_layout(args.layout)
+    layout.validate(world_size)
+    train, micro, gas = _batch_sizes(ds, layout.dp)
+    zero = ds.get("zero_optimization") or {}
+    autotp = int((ds.get("tensor_parallel") or {}).get("autotp_size", 0) or 1)
+    checks = {
+        "zero_optimization.stage": (int(zero.get("stage", 0)), layout.zero),
+        "offload (zero_optimization.offload_*)": (_offload_of(zero), layout.offload),
+        "tensor_parallel.autotp_size": (autotp, layout.tp),
+        "sequence_parallel_size": (int(ds.get("sequence_parallel_size", layout.cp)), layout.cp),
+        "train_micro_batch_size_per_gpu": (micro, layout.mbs),
+        "gradient_accumulation_steps": (gas, layout.gas),
+    }
+    wrong = [f"{key}: ds_config {a} vs layout {b}" for key, (a, b) in checks.items() if a != b]
+    if wrong:
+        raise AutotuneError(
+            f"{args.ds_config} and {args.layout} disagree ({'; '.join(wrong)}); render both "
+            "from the same layout"
+        )
+    return Plan(layout=layout, micro_batch=micro, gas=gas, train_batch=train,
+                precision=_precision(ds), seq=args.seq, steps=args.steps, warmup=args.warmup)
+
+
+def _no_interleaving(plan: Plan, spec: ModelSpec) -> str | None:
+    if plan.layout.vpp > 1:
+        return f"DeepSpeed's pipeline engine has no interleaved schedule (vpp={plan.layout.vpp})"
+    return None
+
+
+def _no_megatron_sp(plan: Plan, spec: ModelSpec) -> str | None:
+    if plan.layout.sp:
+        return "DeepSpeed has no Megatron-style sequence parallelism (sp=on); use cp (Ulysses)"
+    return None
+
+
+def _pipeline_zero(plan: Plan, spec: ModelSpec) -> str | None:
+    if plan.layout.pp > 1 and plan.layout.zero >= 2:
+        return "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+    return None
+
+
+def _pipeline_alone(plan: Plan, spec: ModelSpec) -> str | None:
+    lay = plan.layout
+    if lay.pp == 1 or (lay.tp == 1 and lay.cp == 1):
+        return None
+    what = "AutoTP (tp)" if lay.tp > 1 else "Ulysses (cp)"
+    return (
+        f"{what} with PipelineModule (pp): deepspeed.initialize asserts 'mpu must be None "
+        "with pipeline parallelism', and without the mpu the engine's data-parallel group "
+        "spans the pipeline stages (gloo: 'Received data size doesn't match expected size')"
+    )
+
+
+def _autotp_with_ulysses(plan: Plan, spec: ModelSpec) -> str | None:
+    if plan.layout.tp == 1 or plan.layout.cp == 1:
+        return None
+    return (
+        "AutoTP (tp) with Ulysses (cp): both put their groups on consecutive ranks and the "
+        "engine takes one mpu, which knows one of them; deepspeed.initialize fails: 'Check "
+        "batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
+        "gradient_acc_step * world_size'"
+    )
+
+
+def _autotp_shapes(plan: Plan, spec: ModelSpec) -> str | None:
+    tp, heads, groups = plan.layout.tp, spec.num_attention_heads, spec.query_groups
+    if tp > 1 and (heads % tp or groups % tp or spec.ffn % tp):
+        return (
+            f"AutoTP shards q/k/v/gate/up by rows: heads ({heads}), kv heads ({groups}) and "
+            f"ffn ({spec.ffn}) must be divisible by tp ({tp})"
+        )
+    return None
+
+
+def _ulysses_shapes(plan: Plan, spec: ModelSpec) -> str | None:
+    cp, heads, groups = plan.layout.cp, spec.num_attention_heads, spec.query_groups
+    if plan.seq % cp:
+        return f"Ulysses splits each sequence over cp: seq ({plan.seq}) % cp ({cp}) != 0"
+    if heads % cp or groups % cp:
+        return f"Ulysses splits heads over cp: heads ({heads}) and kv heads ({groups}) % cp ({cp})"
+    return None
+
+
+def _fp16_on_cpu(plan: Plan, spec: ModelSpec) -> str | None:
+    if plan.precision == "fp16" and not torch.cuda.is_available():
+        return "Type fp16 is not supported on your device (DeepSpeed's CPU accelerator)"
+    return None
+
+
+_REJECTIONS = (_no_interleaving, _no_megatron_sp, _pipeline_zero, _pipeline_alone,
+               _autotp_with_ulysses, _autotp_shapes, _ulysses_shapes, _fp16_on_cpu)
+
+
+def rejection(plan: Plan, spec: ModelSpec) -> str | None:
+    """Why DeepSpeed cannot train this combination (each found by trying it), or None."""
+    for check in _REJECTIONS:
+        reason = check(plan, spec)
+        if reason is not None:
+            return reason
+    return None
+
+
+# --- the model -------------------------------------------------------------------------------
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    if spec.normalization == "rmsnorm":
+        return nn.RMSNorm(spec.hidden_size, eps=1e-5)
+    return nn.LayerNorm(spec.hidden_size, eps=1e-5)
+
+
+def _rope(x: torch.Tensor, offset: int, base: float = 10000.0) -> torch.Tensor:
+    """Rotary embedding of x [batch, seq, heads, head_dim] at positions offset, offset+1, ..."""
+    dim = x.shape[-1]
+    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
+    positions = torch.arange(offset, offset + x.shape[1], device=x.device, dtype=torch.float32)
+    angles = torch.outer(positions, inv_freq).repeat(1, 2)[None, :, None, :]
+    half = dim // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * angles.cos().to(x.dtype) + rotated * angles.sin().to(x.dtype)).to(x.dtype)
+
+
+class CoreAttention(nn.Module):
+    """Causal softmax attention over [batch, seq, heads, head_dim]; GQA by head groups."""
+
+    def __init__(self, recompute: bool) -> None:
+        super().__init__()
+        self.recompute = recompute
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._attend, q, k, v, use_reentrant=False)
+        return self._attend(q, k, v)
+
+    @staticmethod
+    def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+            is_causal=True, enable_gqa=q.shape[2] != k.shape[2],
+        )
+        return out.transpose(1, 2)
+
+
+class Attention(nn.Module):
+    """Llama-style self-attention; head counts come from the (possibly sharded) weights."""
+
+    def __init__(self, spec: ModelSpec, recompute: bool, sp_group: Any, sp_rank: int) -> None:
+        super().__init__()
+        h, d, bias = spec.hidden_size, spec.head_dim, spec.add_bias_linear
+        self.head_dim = d
+        self.rope = spec.position_embedding == "rope"
+        self.sp_rank = sp_rank
+        self.q_proj = nn.Linear(h, spec.num_attention_heads * d, bias=bias)
+        self.k_proj = nn.Linear(h, spec.query_groups * d, bias=bias)
+        self.v_proj = nn.Linear(h, spec.query_groups * d, bias=bias)
+        self.o_proj = nn.Linear(spec.num_attention_heads * d, h, bias=bias)
+        core: nn.Module = CoreAttention(recompute)
+        if sp_group is not None:
+            from deepspeed.sequence.layer import DistributedAttention
+
+            core = DistributedAttention(core, sp_group, scatter_idx=2, gather_idx=1)
+        self.core = core
+        self.ulysses = sp_group is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, -1, self.head_dim)
+        k = self.k_proj(x).view(batch, seq, -1, self.head_dim)
+        v = self.v_proj(x).view(batch, seq, -1, self.head_dim)
+        if self.rope:
+            offset = self.sp_rank * seq
+            q, k = _rope(q, offset), _rope(k, offset)
+        out = self.core(q, k, v, 0) if self.ulysses else self.core(q, k, v)
+        return self.o_proj(out.reshape(batch, seq, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU (gate_proj, up_proj, down_proj) or GELU (up_proj, down_proj)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, f, bias = spec.hidden_size, spec.ffn, spec.add_bias_linear
+        self.gate_proj = nn.Linear(h, f, bias=bias) if spec.gated else None
+        self.up_proj = nn.Linear(h, f, bias=bias)
+        self.down_proj = nn.Linear(f, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_proj is None:
+            return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer layer (Llama naming, so AutoTP's llama preset matches it)."""
+
+    def __init__(self, spec: ModelSpec, recompute: str, sp_group: Any, sp_rank: int) -> None:
+        super().__init__()
+        self.input_layernorm = _norm(spec)
+        self.self_attn = Attention(spec, recompute == "selective", sp_group, sp_rank)
+        self.post_attention_layernorm = _norm(spec)
+        self.mlp = MLP(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class _Embedding(nn.Embedding):
+    """An embedding initialised with std 0.02 inside its constructor (so zero.Init sees it)."""
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, std=0.02)
+
+
+def _embeddings(spec: ModelSpec) -> tuple[nn.Embedding, nn.Embedding | None]:
+    """Token embedding and, for learned positions, the position embedding."""
+    tokens = _Embedding(spec.vocab_size, spec.hidden_size)
+    if spec.position_embedding != "learned_absolute":
+        return tokens, None
+    return tokens, _Embedding(spec.max_position_embeddings, spec.hidden_size)
+
+
+def _embed(
+    tokens: torch.Tensor, table: nn.Embedding, positions: nn.Embedding | None, sp_rank: int
+) -> torch.Tensor:
+    """Embed this rank's chunk of tokens (chunk sp_rank of the sequence under Ulysses)."""
+    x = table(tokens)
+    if positions is None:
+        return x
+    start = sp_rank * tokens.shape[1]
+    index = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+    return x + positions(index)[None]
+
+
+class Embedding(nn.Module):
+    """Token (and learned position) embedding; the first pipeline stage."""
+
+    def __init__(self, spec: ModelSpec, sp_rank: int) -> None:
+        super().__init__()
+        self.embed_tokens, self.embed_positions = _embeddings(spec)
+        self.sp_rank = sp_rank
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return _embed(tokens, self.embed_tokens, self.embed_positions, self.sp_rank)
+
+
+class Head(nn.Module):
+    """Final norm and output layer; the last pipeline stage (untied embeddings)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.norm = _norm(spec)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(x))
+
+
+class FinalNorm(nn.Module):
+    """Final norm alone, for a pipeline whose output layer is the tied embedding."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.norm = _norm(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+
+class Body(nn.Module):
+    """``model.embed_tokens``, ``model.layers.N``, ``model.norm`` (Hugging Face Llama names)."""
+
+    def __init__(self, spec: ModelSpec, recompute: str, sp_group: Any, sp_rank: int) -> None:
+        super().__init__()
+        # one seed per part, as PipelineModule(seed_layers=True) seeds its layers: the pipelined
+        # model starts from the same weights
+        torch.manual_seed(SEED)
+        self.embed_tokens, self.embed_positions = _embeddings(spec)
+        self.sp_rank = sp_rank
+        layers = []
+        for index in range(spec.num_layers):
+            torch.manual_seed(SEED + 1 + index)
+            layers.append(DecoderLayer(spec, recompute, sp_group, sp_rank))
+        self.layers = nn.ModuleList(layers)
+        self.norm = _norm(spec)
+        self.full_recompute = recompute == "full"
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = _embed(tokens, self.embed_tokens, self.embed_positions, self.sp_rank)
+        for layer in self.layers:
+            if self.full_recompute and torch.is_grad_enabled():
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
+        return self.norm(x)
+
+
+class GPT(nn.Module):
+    """The whole model for the plain engine: ``model`` (the body) and ``lm_head``."""
+
+    def __init__(self, spec: ModelSpec, recompute: str, sp_group: Any, sp_rank: int) -> None:
+        super().__init__()
+        self.model = Body(spec, recompute, sp_group, sp_rank)
+        torch.manual_seed(SEED + 1 + spec.num_layers)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tied_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.model(tokens))
+
+
+class LossFn:
+    """Mean next-token cross entropy in fp32, times ``scale`` (1/cp under Ulysses)."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+        return loss * self.scale
+
+
+def _tied_head(module: Embedding, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, module.embed_tokens.weight)
+
+
+def build_pipeline(spec: ModelSpec, plan: Plan, loss_fn: LossFn) -> nn.Module:
+    """A ``PipelineModule`` of embedding, decoder layers and head, split evenly by layers."""
+    from deepspeed.pipe import LayerSpec
+    from deepspeed.pipe import PipelineModule
+    from deepspeed.pipe import TiedLayerSpec
+    from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+    blocks = [LayerSpec(DecoderLayer, spec, "none", None, 0) for _ in range(spec.num_layers)]
+    if spec.tied_embeddings:
+        attr = "embed_tokens.weight"
+        layers: list[Any] = [
+            TiedLayerSpec("embed", Embedding, spec, 0, tied_weight_attr=attr),
+            *blocks,
+            LayerSpec(FinalNorm, spec),
+            TiedLayerSpec(
+                "embed", Embedding, spec, 0, forward_fn=_tied_head, tied_weight_attr=attr
+            ),
+        ]
+    else:
+        layers = [LayerSpec(Embedding, spec, 0), *blocks, LayerSpec(Head, spec)]
+    lay = plan.layout
+    return PipelineModule(
+        layers=layers,
+        topology=PipeDataParallelTopology(num_pp=lay.pp, num_dp=lay.dp),
+        loss_fn=loss_fn,
+        partition_method="type:DecoderLayer",
+        seed_layers=True,
+        base_seed=SEED,
+        seed_fn=torch.manual_seed,
+        activation_checkpoint_interval=1 if lay.recompute == "full" else 0,
+        checkpointable_layers=["DecoderLayer"],
+    )
+
+
+# --- data and measurement --------------------------------------------------------------------
+
+
+class SyntheticTokens:
+    """Seeded random tokens; every rank of one data-parallel slot (tp, cp) sees the same batch."""
+
+    def __init__(self, vocab: int, plan: Plan, dp_rank: int, cp_rank: int, device: Any) -> None:
+        self.vocab, self.plan, self.device = vocab, plan, device
+        self.dp_rank, self.cp_rank = dp_rank, cp_rank
+
+    def batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, labels) of this rank's sequence chunk, each [micro_batch, seq / cp]."""
+        plan = self.plan
+        index = (step * plan.gas + micro) * plan.layout.dp + self.dp_rank
+        generator = torch.Generator().manual_seed(SEED + 7919 * index)
+        tokens = torch.randint(self.vocab, (plan.micro_batch, plan.seq + 1), generator=generator)
+        chunk = plan.seq // plan.layout.cp
+        start = self.cp_rank * chunk
+        inputs = tokens[:, start:start + chunk]
+        labels = tokens[:, start + 1:start + chunk + 1]
+        return inputs.to(self.device), labels.to(self.device)
+
+    def micro_batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The gas micro-batches of one step, for ``engine.train_batch``."""
+        return (self.batch(step, micro) for micro in range(self.plan.gas))
+
+
+def peak_memory_bytes() -> int:
+    """This rank's peak: allocated CUDA memory on GPU, resident set size (VmHWM) on CPU."""
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def step_time_spread(times_s: list[float]) -> float:
+    """Relative spread of step times: IQR / median from 4 steps on, else (max - min) / median."""
+    if len(times_s) < 2:
+        return 0.0
+    median = statistics.median(times_s)
+    if len(times_s) >= 4:
+        q1, _, q3 = statistics.quantiles(times_s, n=4, method="inclusive")
+        return (q3 - q1) / median
+    return (max(times_s) - min(times_s)) / median
+
+
+class Reporter:
+    """Writes records as JSON lines to stdout and the metrics file (rank 0 unless forced)."""
+
+    def __init__(self, rank: int, metrics: Path | None) -> None:
+        self.rank, self.metrics = rank, metrics
+
+    def emit(self, record: dict[str, Any], any_rank: bool = False) -> None:
+        """Print one record (only on rank 0 unless ``any_rank``)."""
+        if self.rank != 0 and not any_rank:
+            return
+        line = json.dumps(record)
+        print(line, flush=True)
+        if self.metrics is not None:
+            with self.metrics.open("a") as handle:
+                handle.write(line + "\n")
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class Trial:
+    """A set-up DeepSpeed engine with everything the training loop needs."""
+
+    engine: Any
+    plan: Plan
+    data: SyntheticTokens
+    loss_fn: LossFn
+    pipeline: bool
+    device: torch.device
+
+
+def _engine_config(ds: dict[str, Any]) -> dict[str, Any]:
+    """ds_config as given, plus the AutoTP preset and an optimizer when the file has none."""
+    config = json.loads(json.dumps(ds))
+    config.setdefault("optimizer", {"type": "AdamW", "params": {"lr": 1e-4}})
+    tensor_parallel = config.get("tensor_parallel") or {}
+    if int(tensor_parallel.get("autotp_size", 0) or 0) > 1 and not (
+        tensor_parallel.get("preset_model") or tensor_parallel.get("partition_config")
+    ):
+        tensor_parallel["preset_model"] = "llama"
+    return config
+
+
+def _parallel_groups(lay: Layout) -> tuple[Any, int, Any]:
+    """(Ulysses group, this rank's chunk index, mpu for deepspeed.initialize) of the layout."""
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+    from deepspeed.utils import groups
+
+    if lay.cp > 1:
+        parallel_state_sp.initialize_sequence_parallel(lay.cp)
+        group = parallel_state_sp.get_sequence_parallel_group()
+        return group, parallel_state_sp.get_sequence_parallel_rank(), parallel_state_sp
+    if lay.tp > 1:
+        # AutoTP's own groups, made early and passed as mpu so that DeepSpeed checks the batch
+        # against dp = world / tp (without an mpu it counts every tp rank as data parallel)
+        groups._init_tp_mesh_device(tensor_model_parallel_size=lay.tp)
+        return None, 0, groups
+    return None, 0, None
+
+
+def setup(spec: ModelSpec, plan: Plan, ds: dict[str, Any]) -> Trial:
+    """Initialise groups, build the model for the layout and wrap it in a DeepSpeed engine."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    lay = plan.layout
+    sp_group, cp_rank, mpu = _parallel_groups(lay)
+    config = _engine_config(ds)
+    loss_fn = LossFn(1.0 / lay.cp)
+    if lay.pp > 1:
+        model = build_pipeline(spec, plan, loss_fn)
+    elif lay.zero == 3:
+        with deepspeed.zero.Init(config_dict_or_path=config, mpu=mpu):
+            model = GPT(spec, lay.recompute, sp_group, cp_rank)
+    else:
+        model = GPT(spec, lay.recompute, sp_group, cp_rank)
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=config, mpu=mpu
+    )
+    # tp and cp groups are consecutive ranks; the pipeline grid knows its own data rank
+    dp_rank = (engine.grid.get_data_parallel_id() if lay.pp > 1
+               else dist.get_rank() // (lay.tp * lay.cp))
+    device = torch.device(get_accelerator().current_device_name())
+    data = SyntheticTokens(spec.vocab_size, plan, dp_rank, cp_rank, device)
+    return Trial(engine, plan, data, loss_fn, lay.pp > 1, device)
+
+
+def train_step(trial: Trial, step: int) -> torch.Tensor:
+    """One optimizer step; returns this rank's share of the global loss (a 0-d tensor)."""
+    engine = trial.engine
+    if trial.pipeline:
+        return engine.train_batch(data_iter=trial.data.micro_batches(step)).detach().float()
+    total = torch.zeros((), device=trial.device)
+    for micro in range(trial.plan.gas):
+        inputs, labels = trial.data.batch(step, micro)
+        loss = trial.loss_fn(engine(inputs), labels)
+        engine.backward(loss)
+        engine.step()
+        total += loss.detach().float()
+    return total / trial.plan.gas
+
+
+def _global_loss(trial: Trial, local: torch.Tensor) -> float:
+    """The loss of the global batch, the same on every rank."""
+    if trial.pipeline:
+        return float(local)
+    lay = trial.plan.layout
+    dist.all_reduce(local)
+    # every rank of a tp group holds the same loss; cp ranks hold 1/cp of theirs
+    return float(local) / (lay.tp * lay.dp)
+
+
+def _max_over_ranks(value: int, device: torch.device) -> int:
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def _inject(kind: str | None, step: int, trial: Trial) -> None:
+    """Provoke the requested failure at INJECT_STEP (nan is applied to the loss scale)."""
+    if kind is None or step != INJECT_STEP:
+        return
+    if kind == "nan":
+        trial.loss_fn.scale = math.nan
+    elif kind == "hang":
+        while True:
+            time.sleep(3600)
+    elif kind == "oom":
+        # larger than any memory: the allocator raises its real out-of-memory error
+        torch.empty(1 << 62, dtype=torch.uint8, device=trial.device)
+
+
+def train(trial: Trial, reporter: Reporter, inject: str | None) -> dict[str, Any]:
+    """Run the steps, emit one record per step, and return the summary record."""
+    from deepspeed.accelerator import get_accelerator
+
+    plan = trial.plan
+    times_s: list[float] = []
+    peak, loss = 0, math.nan
+    for step in range(plan.steps):
+        _inject(inject, step, trial)
+        start = time.perf_counter()
+        local = train_step(trial, step)
+        get_accelerator().synchronize()
+        step_time_s = time.perf_counter() - start
+        loss = _global_loss(trial, local)
+        peak = _max_over_ranks(peak_memory_bytes(), trial.device)
+        warmup = step < plan.warmup
+        reporter.emit({
+            "event": "step", "step": step, "step_time_s": step_time_s,
+            "tokens": plan.tokens_per_step, "tokens_per_s": plan.tokens_per_step / step_time_s,
+            "loss": loss if math.isfinite(loss) else None, "peak_memory_bytes": peak,
+            "warmup": warmup,
+        })
+        if not math.isfinite(loss):
+            return _summary(plan, "nan", times_s, peak, loss, steps=step + 1)
+        if not warmup:
+            times_s.append(step_time_s)
+    return _summary(plan, "ok", times_s, peak, loss, steps=plan.steps)
+
+
+def _summary(
+    plan: Plan, status: str, times_s: list[float], peak: int, loss: float, steps: int
+) -> dict[str, Any]:
+    """The summary record; ``steps`` counts the steps that ran, warm-up included."""
+    median = statistics.median(times_s) if times_s else None
+    return {
+        "event": "summary", "status": status, "median_step_time_s": median,
+        "tokens_per_s": plan.tokens_per_step / median if median else None,
+        "peak_memory_bytes": peak, "step_time_spread": step_time_spread(times_s),
+        "world_size": plan.layout.world_size, "steps": steps, "warmup": plan.warmup,
+        "loss": loss if math.isfinite(loss) else None, "layout": plan.layout.id,
+    }
+
+
+def describe_engine(engine: Any) -> dict[str, Any]:
+    """What DeepSpeed built: optimizer class, ZeRO stage and the weights this rank's module holds.
+
+    ``params_local`` counts this rank's tensor-parallel shards and pipeline stage (before ZeRO
+    partitioning), so it shows that tp and pp really split the model.
+    """
+    optimizer = getattr(engine, "basic_optimizer", None) or engine.optimizer
+    params = sum(int(getattr(p, "ds_numel", p.numel())) for p in engine.module.parameters())
+    return {"optimizer": type(optimizer).__name__,
+            "zero_stage": int(engine.zero_optimization_stage()), "params_local": params}
+
+
+def _oom_or_raise(error: Exception) -> str:
+    """"oom" for an out-of-memory error (CUDA, host allocator, MemoryError); re-raise others."""
+    if isinstance(error, torch.OutOfMemoryError | MemoryError):
+        return "oom"
+    if any(marker in str(error) for marker in _OOM_MARKERS):
+        return "oom"
+    raise error
+
+
+def _teardown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _fail(reporter: Reporter, status: str, reason: str, world: int) -> int:
+    """Summarise a run refused before it started; every rank decides alike.
+
+    Only rank 0 exits with the status's code: a launcher kills the other workers as soon as one
+    fails, so a peer failing first could kill rank 0 before it printed the summary.
+    """
+    reporter.emit({"event": "summary", "status": status, "reason": reason, "world_size": world})
+    return EXIT_CODES[status] if reporter.rank == 0 else 0
+
+
+def _single_process_env() -> None:
+    """Without a launcher, be rank 0 of 1 on a free local port (so plain ``python -m`` works)."""
+    if "RANK" in os.environ:
+        return
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+
+
+def _rank_failed(reporter: Reporter, status: str, error: BaseException, world: int) -> int:
+    """Report a failure of this rank (peers may differ or wait in a collective: no teardown)."""
+    traceback.print_exc()
+    record = {"event": "summary", "status": status, "reason": str(error)[:500],
+              "rank": reporter.rank, "world_size": world}
+    reporter.emit(record, any_rank=True)
+    return EXIT_CODES[status]
+
+
+def _init_distributed() -> None:
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cuda":
+        get_accelerator().set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the inputs, set up, train and tear down; returns the exit code."""
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    _single_process_env()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    reporter = Reporter(rank, args.metrics)
+    try:
+        spec = load_model(args.model)
+        ds = _read_json(args.ds_config)
+        plan = make_plan(args, ds, world)
+    except AutotuneError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return _fail(reporter, "bad_input", str(error), world)
+    reason = rejection(plan, spec)
+    if reason is not None:
+        return _fail(reporter, "rejected", reason, world)
+    _init_distributed()
+    try:
+        trial = setup(spec, plan, ds)
+    except (AssertionError, ValueError, NotImplementedError) as error:
+        # what deepspeed.initialize refuses (batch sizes, ZeRO with pipeline, group checks)
+        return _rank_failed(reporter, "rejected", error, world)
+    except Exception as error:
+        return _rank_failed(reporter, _oom_or_raise(error), error, world)
+    try:
+        summary = train(trial, reporter, args.inject)
+    except Exception as error:
+        return _rank_failed(reporter, _oom_or_raise(error), error, world)
+    summary.update(describe_engine(trial.engine))
+    reporter.emit(summary)
+    _teardown()
+    return EXIT_CODES[summary["status"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m autotune.workloads.deepspeed_gpt``."""
+    return run(parse_args(argv))
+
+
+def _exit_now(code: int) -> None:
+    """Flush and leave without interpreter teardown.
+
+    After the process group is destroyed, C++ destructors of gloo / DeepSpeed comm threads at
+    interpreter exit occasionally abort ("terminate called without an active exception",
+    SIGABRT) although the run finished; ``os._exit`` skips them.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    _exit_now(main())
