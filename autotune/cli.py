@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,23 +32,30 @@ from autotune.inputs import load_config
 from autotune.inputs import validation_message
 from autotune.layout import Layout
 from autotune.memory import GIB
+from autotune.report import compare as compare_runs
+from autotune.report import write_report
+from autotune.report import write_run_json
 from autotune.rules import violations
 from autotune.runners.base import Runner
 from autotune.runners.command import CommandRunner
 from autotune.runners.simulate import SimulateRunner
+from autotune.scaling import default_sizes
+from autotune.scaling import sweep
 from autotune.search import TuneOptions
+from autotune.search import default_study_name
 from autotune.search import tune as run_tune
 from autotune.space import enumerate_layouts
 from autotune.space import load_space
 from autotune.space import no_feasible_message
 from autotune.specs import AutotuneConfig
+from autotune.storage import default_storage_url
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     help="Find the fastest parallel layout to train a transformer on a cluster.",
 )
-console = Console()
+console = Console() if sys.stdout.isatty() else Console(width=160)
 err_console = Console(stderr=True)
 _state = {"debug": False}
 
@@ -331,6 +339,13 @@ def tune(
     gbs: GbsOpt = None,
     precision: PrecisionOpt = None,
     processes: ProcsOpt = None,
+    scale_after: Annotated[
+        bool, typer.Option("--scale", help="Sweep the winner over cluster sizes.")
+    ] = False,
+    scale_gpus: Annotated[
+        str | None, typer.Option("--scale-gpus", help="GPU counts of the sweep.")
+    ] = None,
+    scale_mode: Annotated[str, typer.Option("--scale-mode", help="weak or strong.")] = "weak",
     as_json: JsonOpt = False,
 ) -> None:
     """Search layouts with an Optuna study, measure them with a runner, render the winners."""
@@ -346,6 +361,16 @@ def tune(
         seed=seed,
         jobs=jobs,
         top_k=top_k,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    write_run_json(
+        out,
+        study_name=study or default_study_name(cfg),
+        storage=storage or default_storage_url(out),
+        runner=runner,
+        runner_options={"noise": noise, "seed": seed} if runner == "simulate" else {},
+        options={"trials": trials, "seed": seed, "jobs": jobs, "top_k": top_k},
+        command=shlex.join(["autotune", *sys.argv[1:]]),
     )
     quiet = as_json or not sys.stderr.isatty()
     with Progress(
@@ -374,6 +399,13 @@ def tune(
 
         result = run_tune(cfg, search_space, trial_runner, options, on_trial=on_trial)
     ranked = result.ranked
+    scaled = None  # the sweep of the winner, with --scale
+    if scale_after and ranked:
+        best_layout = Layout(**ranked[0]["layout_fields"])
+        scaled = sweep(
+            cfg, best_layout, _sizes(scale_gpus, cfg, best_layout), scale_mode, trial_runner, out
+        )
+    reports = write_report(out)
     if as_json:
         print(
             json.dumps(
@@ -403,11 +435,127 @@ def tune(
             f"optuna-dashboard {result.storage}"
         )
     console.print(_records_table("Top layouts (measured and predicted)", ranked[: top_k + 1]))
+    if scaled is not None:
+        console.print(_scaling_table(scaled))
     console.print(
         f"best configs: [bold]{result.artifacts.get('best')}[/] "
-        f"(runners-up under {result.out_dir / 'top'}); "
+        f"(runners-up under {result.out_dir / 'top'})\n"
+        f"report: {reports['report.html']}\n"
         f"open the study with: optuna-dashboard {result.storage}"
     )
+
+
+GpusOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gpus", help="GPU counts, e.g. 8,16,32 (default: powers of two up to the cluster)."
+    ),
+]
+
+
+def _sizes(text: str | None, cfg: AutotuneConfig, layout: Layout) -> list[int]:
+    if not text:
+        return default_sizes(cfg, layout)
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise AutotuneError(
+            f"--gpus: {text!r} must be comma-separated GPU counts, e.g. 8,16,32"
+        ) from None
+
+
+def _scaling_table(result: Any) -> Table:
+    table = Table(title=f"{result.mode} scaling of {result.layout.id}")
+    for column in (
+        "GPUs",
+        "nodes",
+        "dp",
+        "gas",
+        "status",
+        "tokens/s",
+        "tok/s/GPU",
+        "efficiency",
+        "flag / reason",
+        "grew most",
+    ):
+        table.add_column(
+            column,
+            justify="left" if column in ("status", "flag / reason", "grew most") else "right",
+        )
+    for p in result.points:
+        grew = f"{p.grew} (-{p.grew_loss:.1%})" if p.grew else ""
+        table.add_row(
+            str(p.gpus),
+            str(p.nodes),
+            str(p.dp or "-"),
+            str(p.gas or "-"),
+            p.status,
+            f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-",
+            f"{p.tokens_per_s_per_gpu:,.0f}" if p.tokens_per_s else "-",
+            f"{p.efficiency:.2f}" if p.efficiency is not None else "-",
+            p.flag or f"{p.rule} {p.reason}".strip(),
+            grew,
+        )
+    return table
+
+
+@app.command()
+def scale(
+    model: ModelOpt,
+    cluster: ClusterOpt,
+    layout: Annotated[str, typer.Option("--layout", "-l", help="e.g. tp=8,pp=4,zero=1,mbs=1")],
+    gpus: GpusOpt = None,
+    mode: Annotated[str, typer.Option(help="weak (per-replica batch fixed) or strong.")] = "weak",
+    framework: FrameworkOpt = "megatron",
+    runner: Annotated[str, typer.Option(help="simulate, command, local or slurm.")] = "simulate",
+    out: Annotated[Path, typer.Option(help="Output folder.")] = Path("autotune-scale"),
+    noise: Annotated[float, typer.Option(help="simulate: perturb the truth (σ).")] = 0.0,
+    seed: Annotated[int, typer.Option(help="--noise seed.")] = 0,
+    command: Annotated[str | None, typer.Option(help="command runner: the template.")] = None,
+    timeout: Annotated[float, typer.Option(help="Per-point timeout, seconds.")] = 3600.0,
+    seq: SeqOpt = None,
+    gbs: GbsOpt = None,
+    precision: PrecisionOpt = None,
+    processes: ProcsOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run one layout at several cluster sizes and report its scaling efficiency."""
+    if mode not in ("weak", "strong"):
+        raise AutotuneError(f"--mode: {mode!r} must be weak or strong")
+    cfg = _config(model, cluster, framework, seq, gbs, precision, processes)
+    parsed = Layout.parse(layout, cfg.world_size, cfg.train.global_batch_size, cfg.train.framework)
+    trial_runner = _make_runner(runner, noise=noise, seed=seed, command=command, timeout=timeout)
+    result = sweep(cfg, parsed, _sizes(gpus, cfg, parsed), mode, trial_runner, out)
+    written = write_report(out)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+        return
+    console.print(_scaling_table(result))
+    console.print(f"report: {written['report.html']}")
+
+
+@app.command()
+def report(
+    directory: Annotated[Path, typer.Argument(help="A tune or scale output folder.")],
+    out: Annotated[Path | None, typer.Option(help="Write here instead of DIRECTORY.")] = None,
+) -> None:
+    """Regenerate report.md, report.html, summary.json and trials.csv of a folder."""
+    written = write_report(directory, out)
+    for name in ("report.html", "report.md", "summary.json"):
+        console.print(f"{name}: {written[name]}")
+
+
+@app.command("compare")
+def compare_command(
+    dirs: Annotated[list[Path], typer.Argument(help="tune/scale output folders.")],
+    out: Annotated[Path, typer.Option(help="Folder for compare.md/html/json.")] = Path(
+        "autotune-compare"
+    ),
+) -> None:
+    """Compare runs side by side: best layouts, throughput, MFU, memory, scaling efficiency."""
+    written = compare_runs(dirs, out)
+    for name in ("compare.html", "compare.md"):
+        console.print(f"{name}: {written[name]}")
 
 
 @app.command()

@@ -111,7 +111,8 @@ class GPUSpec(BaseModel):
     name: str = "custom-gpu"
     """Preset name or free text."""
     memory_gb: float = Field(gt=0)
-    """Device memory in GB (1e9 bytes), as the datasheet states it."""
+    """Device memory as the datasheet states it ("80GB"); vendors' figures match what CUDA
+    reports in GiB (A100 80GB: 81,920 MiB; H200 141GB: 143,771 MiB), so it is read as GiB."""
     peak_tflops: dict[Precision, float]
     """Dense (no sparsity) peak in TFLOP/s per precision; a missing key means unsupported."""
     hbm_tb_s: float = Field(gt=0)
@@ -119,8 +120,8 @@ class GPUSpec(BaseModel):
 
     @property
     def memory_bytes(self) -> float:
-        """Device memory in bytes."""
-        return self.memory_gb * 1e9
+        """Device memory in bytes (memory_gb read as GiB, as CUDA reports it)."""
+        return self.memory_gb * 2**30
 
 
 class ClusterSpec(BaseModel):

@@ -36,11 +36,14 @@ FITTED = ("gemm_efficiency", "gemm_half_size", "elementwise_passes", "comm_effic
 def write_constants(fitted: dict[str, Constants]) -> Path:
     """Store fitted constants per GPU preset; H200 shares the H100's Hopper die."""
     path = resource_dir("presets") / "constants.yaml"
-    table = {"default": {}}
+    table = yaml.safe_load(path.read_text()) or {}
+    table.setdefault("default", {})
     for gpu, k in sorted(fitted.items()):
-        table[gpu] = {name: round(getattr(k, name), 4) for name in FITTED}
+        table[gpu] = {**table.get(gpu, {}), **{n: round(getattr(k, n), 4) for n in FITTED}}
+    # H200 has no published rows: it starts from the H100 fit (same die) and keeps whatever
+    # a GPU measurement (benchmarks/gpu_check.py --refit) set for it
     if "h100-sxm-80gb" in table:
-        table.setdefault("h200-sxm-141gb", dict(table["h100-sxm-80gb"]))
+        table["h200-sxm-141gb"] = {**table["h100-sxm-80gb"], **table.get("h200-sxm-141gb", {})}
     header = (
         "# Calibrated constants per GPU preset (autotune/constants.py gives meaning and units).\n"
         "# Written by `python benchmarks/accuracy.py --fit` from the published runs in\n"

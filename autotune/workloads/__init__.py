@@ -11,7 +11,7 @@ import dataclasses
 
 from autotune.exceptions import AutotuneError
 
-WORKLOADS = frozenset({"deepspeed_gpt"})
+WORKLOADS = frozenset({"deepspeed_gpt", "megatron_gpt"})
 """Names of the built-in workloads."""
 
 
@@ -37,6 +37,15 @@ _SPECS = {
         description=(
             "Llama-style GPT trained by DeepSpeed from ds_config.json and layout.json: ZeRO 0-3, "
             "offload, PipelineModule (pp), AutoTP (tp), Ulysses (cp), activation recompute"
+        ),
+    ),
+    "megatron_gpt": WorkloadSpec(
+        name="megatron_gpt",
+        module="autotune.workloads.megatron_gpt",
+        framework="megatron",
+        description=(
+            "GPT trained by megatron-core itself (GPTModel, local layer spec, pipeline schedules, "
+            "DDP and distributed optimizer, recompute); needs CUDA"
         ),
     ),
 }

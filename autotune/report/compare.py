@@ -1,0 +1,173 @@
+"""`compare`: several tune/scale output folders side by side (Markdown, HTML, JSON, plots).
+
+Runs may differ in cluster, model, framework or date. Each row shows the run's best layout and
+its throughput, MFU and memory (for a sweep without a study: the sweep's layout at the largest
+size that ran), and its scaling efficiency; one figure overlays the scaling curves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from markupsafe import Markup
+
+from autotune.report import data
+from autotune.report import plots
+from autotune.report.render import Table
+from autotune.report.render import num
+from autotune.report.render import pct
+from autotune.report.render import render_template
+from autotune.report.render import short_layout
+from autotune.report.render import tflops
+
+COMPARE_PLOTS = {
+    "compare_best": "Best throughput per GPU and MFU of each run.",
+    "compare_scaling": "Scaling curves of the runs' sweeps: throughput and efficiency against "
+                       "GPUs (each against its own smallest size that ran).",
+}
+"""The comparison's figures (plots/NAME.svg) with their captions."""
+
+
+def _names(runs: list[data.RunData]) -> list[str]:
+    names: list[str] = []
+    for run in runs:
+        name = run.directory.resolve().name or str(run.directory)
+        names.append(name if name not in names else f"{name} ({len(names) + 1})")
+    return names
+
+
+def _headline(run: data.RunData, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's best measured layout, or its sweep's largest point that ran."""
+    best = summary["best"]
+    if best:
+        return {"layout": best["layout"], "short": short_layout(best["layout_fields"]),
+                "source": f"trial {best['trial']}", "gpus": run.cfg.world_size,
+                "tokens_per_s": best["tokens_per_s"],
+                "tokens_per_s_per_gpu": best["tokens_per_s_per_gpu"],
+                "tflops_per_gpu": best["tflops_per_gpu"], "mfu": best["mfu"],
+                "peak_memory_gib": best["peak_memory_gib"]}
+    if not run.scaling:
+        return None
+    ran = [p for p in run.scaling["points"] if p.get("efficiency") is not None]
+    if not ran:
+        return None
+    point = ran[-1]
+    fields = {**run.scaling["layout"], "dp": point["dp"], "gas": point["gas"]}
+    peak = point.get("peak_memory_bytes")
+    return {"layout": run.scaling["layout"]["text"], "short": short_layout(fields),
+            "source": f"sweep at {point['gpus']} GPUs", "gpus": point["gpus"],
+            "tokens_per_s": point["tokens_per_s"],
+            "tokens_per_s_per_gpu": point["tokens_per_s"] / point["gpus"],
+            "tflops_per_gpu": point.get("tflops_per_gpu"), "mfu": point.get("mfu"),
+            "peak_memory_gib": peak / 2**30 if peak else None}
+
+
+def comparison_rows(dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """One flat record per folder: inputs, best layout and figures, scaling efficiency."""
+    runs = [data.load_run(d) for d in dirs]
+    rows = []
+    for name, run in zip(_names(runs), runs, strict=True):
+        summary = data.summary(run)
+        scaling = summary["scaling"]
+        rows.append({
+            "name": name,
+            "directory": str(run.directory),
+            "kind": run.kind,
+            "inputs": summary["inputs"],
+            "best": _headline(run, summary),
+            "scaling": scaling,
+            "curve": [p for p in (run.scaling or {}).get("points", [])
+                      if p.get("efficiency") is not None],
+        })
+    return rows
+
+
+def _table(rows: list[dict[str, Any]], out: Path) -> Table:
+    """Side by side: one column per run, one row per figure."""
+    columns: list[list[str]] = []
+    for row in rows:
+        i, b, s = row["inputs"], row["best"] or {}, row["scaling"]
+        scaling = efficiency = "–"
+        if s and s["largest_gpus"]:
+            scaling = f"{s['mode']}, {s['base_gpus']} → {s['largest_gpus']} GPUs"
+            efficiency = f"{s['efficiency_at_largest']:.2f} ({s['flag_at_largest']})"
+        report = Path(os.path.relpath(Path(row["directory"]) / "report.md", out)).as_posix()
+        columns.append([
+            i["model"], i["cluster"], f"{i['gpus']} × {i['gpu']}", i["framework"],
+            i["runner"] or "–", b.get("short", "–"), b.get("source", "–"),
+            num(b.get("tokens_per_s")), num(b.get("tokens_per_s_per_gpu")),
+            tflops(b.get("tflops_per_gpu")), pct(b.get("mfu")),
+            num(b.get("peak_memory_gib"), 1), scaling, efficiency, report,
+        ])
+    labels = ["model", "cluster", "GPUs", "framework", "runner", "best layout", "measured in",
+              "tokens/s", "tokens/s per GPU", "TFLOP/s per GPU", "MFU", "peak memory (GiB)",
+              "scaling sweep", "efficiency at largest size", "report"]
+    table = Table(["", *[row["name"] for row in rows]], [], "l" + "r" * len(rows))
+    for k, label in enumerate(labels):
+        table.rows.append([label, *[column[k] for column in columns]])
+    return table
+
+
+def _efficiency_table(rows: list[dict[str, Any]]) -> Table | None:
+    sizes = sorted({p["gpus"] for row in rows for p in row["curve"]})
+    if not sizes:
+        return None
+    table = Table(["GPUs", *[row["name"] for row in rows]], [], "r" * (len(rows) + 1))
+    for n in sizes:
+        cells = [str(n)]
+        for row in rows:
+            point = next((p for p in row["curve"] if p["gpus"] == n), None)
+            cells.append(f"{point['efficiency']:.2f} {point['flag']}" if point else "–")
+        table.rows.append(cells)
+    return table
+
+
+def compare(dirs: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:
+    """Write compare.md, compare.html, compare.json and plots/compare_*.svg into out_dir.
+
+    Args:
+        dirs: Output folders of `autotune tune` and/or `autotune scale`.
+        out_dir: Destination folder (created).
+
+    Returns:
+        File name → path of everything written.
+
+    Raises:
+        AutotuneError: when a folder holds neither a study nor scaling.json.
+    """
+    out = Path(out_dir)
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    rows = comparison_rows(dirs)
+    svgs: dict[str, str] = {}
+    names = [row["name"] for row in rows]
+    bests = [row["best"] or {} for row in rows]
+    if any(bests):
+        svgs["compare_best"] = plots.compare_best(
+            names, [b.get("tokens_per_s_per_gpu") for b in bests], [b.get("mfu") for b in bests])
+    curves = [(row["name"], row["curve"]) for row in rows if row["curve"]]
+    if curves:
+        svgs["compare_scaling"] = plots.scaling_curves(curves)
+    written: dict[str, Path] = {}
+    for name, svg in svgs.items():
+        written[f"plots/{name}.svg"] = out / "plots" / f"{name}.svg"
+        written[f"plots/{name}.svg"].write_text(svg)
+    doc = data.rounded({"schema": "autotune.compare/1",
+                        "runs": [{k: v for k, v in row.items() if k not in ("curve", "directory")}
+                                 for row in rows]})
+    written["compare.json"] = out / "compare.json"
+    written["compare.json"].write_text(json.dumps(doc, indent=2) + "\n")
+    context = {
+        "runs": _table(rows, out),
+        "efficiency": _efficiency_table(rows),
+        "plots": {name: {"svg": Markup(svg), "file": f"plots/{name}.svg",
+                         "caption": COMPARE_PLOTS[name]} for name, svg in svgs.items()},
+        "layouts": [(row["name"], (row["best"] or {}).get("layout", "–")) for row in rows],
+    }
+    for name in ("compare.md", "compare.html"):
+        written[name] = out / name
+        written[name].write_text(render_template(f"{name}.j2", **context))
+    return written

@@ -1,0 +1,365 @@
+"""What an output folder holds (a tune study, a scaling sweep, or both), as plain values.
+
+A tune folder is found through `run.json` (written when the study starts; see `write_run_json`)
+or, without one, through the single study in `DIR/study.db`. The study carries the inputs
+(`autotune_inputs`) and every trial; `autotune.search.trial_records` flattens them. A scale
+folder holds `scaling.json` (`autotune.scaling`). `summary` turns a folder into the stable
+summary.json document and `trial_rows` into trials.csv rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from autotune.exceptions import AutotuneError
+from autotune.memory import GIB
+from autotune.scaling import read_scaling
+from autotune.specs import AutotuneConfig
+
+RUN_JSON = "run.json"
+SUMMARY_SCHEMA = "autotune.report/1"
+FAILED = ("oom", "nccl_timeout", "hang", "timeout", "nan", "rejected", "crash", "pruned")
+"""Statuses of trials that ran but did not measure a throughput."""
+TRIAL_COLUMNS = (
+    "number", "state", "status", "layout", "layout_id", "tp", "pp", "dp", "cp", "vpp", "zero",
+    "offload", "mbs", "gas", "recompute", "sp", "measured_tokens_per_s", "measured_step_time_s",
+    "measured_tflops_per_gpu", "measured_mfu", "measured_peak_memory_gib",
+    "predicted_tokens_per_s", "predicted_step_time_s", "predicted_tflops_per_gpu",
+    "predicted_mfu", "predicted_peak_memory_gib", "error_pct", "rule", "reason",
+    "duplicate_of", "warm_start",
+)
+"""Columns of trials.csv, in order (stable; empty cells where a trial has no value)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunData:
+    """One output folder: the inputs, the study's trials and the sweep, whichever exist."""
+
+    directory: Path
+    config: dict[str, Any]
+    """AutotuneConfig in JSON form (model, cluster, train)."""
+    records: list[dict[str, Any]]
+    """Trial records of the study, by trial number (empty without a study)."""
+    scaling: dict[str, Any] | None
+    study_name: str | None = None
+    storage: str | None = None
+    runner: str | None = None
+    run_info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """run.json as written (empty when the folder has none)."""
+
+    @property
+    def kind(self) -> str:
+        """tune, scale or tune+scale."""
+        parts = (["tune"] if self.study_name else []) + (["scale"] if self.scaling else [])
+        return "+".join(parts)
+
+    @property
+    def cfg(self) -> AutotuneConfig:
+        """The inputs as an AutotuneConfig."""
+        return AutotuneConfig.model_validate(self.config)
+
+    @property
+    def ranked(self) -> list[dict[str, Any]]:
+        """Trials that measured a throughput, fastest first (ties by trial number)."""
+        ok = [r for r in self.records
+              if r.get("status") == "ok" and r.get("measured_tokens_per_s")]
+        return sorted(ok, key=lambda r: (-r["measured_tokens_per_s"], r["number"]))
+
+
+def write_run_json(
+    out_dir: str | Path,
+    *,
+    study_name: str,
+    storage: str,
+    runner: str,
+    runner_options: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
+    command: str | None = None,
+) -> Path:
+    """Write DIR/run.json: where the study lives and how it was run (call when tune starts).
+
+    A SQLite or journal storage inside DIR is stored relative (`sqlite:///study.db`), so the
+    folder can move.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "schema": "autotune.run/1",
+        "study_name": study_name,
+        "storage": _relative_storage(storage, out),
+        "runner": runner,
+        "runner_options": runner_options or {},
+        "options": options or {},
+        "command": command,
+    }
+    path = out / RUN_JSON
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return path
+
+
+def _relative_storage(url: str, out: Path) -> str:
+    for prefix in ("sqlite:///", "journal:"):
+        if url.startswith(prefix):
+            path = Path(url.removeprefix(prefix))
+            try:
+                return prefix + str(path.resolve().relative_to(out.resolve()))
+            except ValueError:
+                return url
+    return url
+
+
+def _resolve_storage(url: str, directory: Path) -> str:
+    """Relative SQLite and journal paths are relative to the folder; a moved folder finds its
+    own copy."""
+    for prefix in ("sqlite:///", "journal:"):
+        if url.startswith(prefix):
+            path = Path(url.removeprefix(prefix))
+            if not path.is_absolute():
+                path = directory / path
+            if not path.exists() and (directory / path.name).exists():
+                path = directory / path.name
+            return prefix + str(path.resolve())
+    return url
+
+
+def _load_study(url: str, name: str | None) -> Any:
+    import optuna
+
+    from autotune.storage import open_storage
+
+    storage: Any = open_storage(url) if url.startswith("journal:") else url
+    if name is None:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+        if len(names) != 1:
+            raise AutotuneError(
+                f"report: {url} holds {len(names)} studies ({', '.join(names) or 'none'}); "
+                "name one in run.json (study_name)")
+        name = names[0]
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise AutotuneError(f"report: no study {name!r} in {url}") from None
+
+
+def load_run(directory: str | Path) -> RunData:
+    """Read a tune and/or scale output folder.
+
+    Raises:
+        AutotuneError: when the folder holds neither a study nor scaling.json.
+    """
+    from autotune.search import INPUTS_ATTR
+    from autotune.search import trial_records
+
+    folder = Path(directory)
+    info: dict[str, Any] = {}
+    if (folder / RUN_JSON).is_file():
+        info = json.loads((folder / RUN_JSON).read_text())
+    url = info.get("storage")
+    if url is None and (folder / "study.db").is_file():
+        url = "sqlite:///study.db"
+    scaling = read_scaling(folder)
+    config: dict[str, Any] | None = None
+    records: list[dict[str, Any]] = []
+    name = info.get("study_name")
+    if url is not None:
+        study = _load_study(_resolve_storage(url, folder), name)
+        name = study.study_name
+        records = sorted(trial_records(study), key=lambda r: r["number"])
+        config = (study.user_attrs.get(INPUTS_ATTR) or {}).get("config")
+    if config is None and scaling is not None:
+        config = scaling["inputs"]
+    if config is None:
+        raise AutotuneError(
+            f"report: {folder} holds no study (run.json or study.db) and no scaling.json; run "
+            "`autotune tune --out DIR` or `autotune scale --out DIR` first")
+    runner = info.get("runner") or (scaling or {}).get("runner")
+    return RunData(folder, config, records, scaling, name if url else None, url, runner, info)
+
+
+# --- derived values ----------------------------------------------------------------------------
+
+
+def _gib(value: Any) -> float | None:
+    return float(value) / GIB if value is not None else None
+
+
+def error_pct(record: dict[str, Any]) -> float | None:
+    """(predicted − measured) / measured tokens/s, in percent."""
+    measured = record.get("measured_tokens_per_s")
+    predicted = (record.get("predicted") or {}).get("tokens_per_s")
+    if not measured or predicted is None:
+        return None
+    return (predicted - measured) / measured * 100
+
+
+def trial_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """trials.csv rows (TRIAL_COLUMNS), one per trial."""
+    rows = []
+    for r in records:
+        fields = r.get("layout_fields") or {}
+        predicted = r.get("predicted") or {}
+        row: dict[str, Any] = {key: r.get(key) for key in TRIAL_COLUMNS}
+        row.update({key: fields.get(key, r.get("params", {}).get(key))
+                    for key in ("tp", "pp", "dp", "cp", "vpp", "zero", "offload", "mbs", "gas",
+                                "recompute", "sp")})
+        row["measured_peak_memory_gib"] = _gib(r.get("measured_peak_memory_bytes"))
+        for key in ("tokens_per_s", "step_time_s", "tflops_per_gpu", "mfu"):
+            row[f"predicted_{key}"] = predicted.get(key)
+        row["predicted_peak_memory_gib"] = _gib(predicted.get("peak_memory_bytes"))
+        row["error_pct"] = error_pct(r)
+        row["reason"] = " ".join(str(r.get("reason") or "").split())
+        rows.append(row)
+    return rows
+
+
+def _headline(record: dict[str, Any], directory: Path, rank: int) -> dict[str, Any]:
+    predicted = record.get("predicted") or {}
+    fields = record.get("layout_fields") or {}
+    folder = "best" if rank == 0 else f"top/{rank}-{record.get('layout_id')}"
+    gpus = fields.get("tp", 1) * fields.get("pp", 1) * fields.get("cp", 1) * fields.get("dp", 1)
+    return {
+        "rank": rank + 1,
+        "trial": record["number"],
+        "layout": record.get("layout"),
+        "layout_id": record.get("layout_id"),
+        "layout_fields": fields,
+        "tokens_per_s": record.get("measured_tokens_per_s"),
+        "tokens_per_s_per_gpu": record["measured_tokens_per_s"] / gpus,
+        "step_time_s": record.get("measured_step_time_s"),
+        "tflops_per_gpu": record.get("measured_tflops_per_gpu"),
+        "mfu": record.get("measured_mfu"),
+        "peak_memory_gib": _gib(record.get("measured_peak_memory_bytes")),
+        "predicted": {
+            "tokens_per_s": predicted.get("tokens_per_s"),
+            "step_time_s": predicted.get("step_time_s"),
+            "tflops_per_gpu": predicted.get("tflops_per_gpu"),
+            "mfu": predicted.get("mfu"),
+            "peak_memory_gib": _gib(predicted.get("peak_memory_bytes")),
+        },
+        "error_pct": error_pct(record),
+        "configs": folder if (directory / folder).is_dir() else None,
+    }
+
+
+def failures(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Trials that did not measure, grouped by status (and rule), with up to 3 example reasons."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for r in records:
+        status = r.get("status", "")
+        if status == "ok" or status == "duplicate":
+            continue
+        key = (status, r.get("rule") or "")
+        groups.setdefault(key, []).append(" ".join(str(r.get("reason") or "").split()))
+    out = []
+    for (status, rule), reasons in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        examples = [text for text, _ in Counter(reasons).most_common(3) if text]
+        out.append({"status": status, "rule": rule, "count": len(reasons), "reasons": examples})
+    return out
+
+
+def prediction_error(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Median, maximum and mean (bias) of the throughput prediction error over ok trials."""
+    errors = [e for e in (error_pct(r) for r in records if r.get("status") == "ok")
+              if e is not None]
+    if not errors:
+        return None
+    return {
+        "trials": len(errors),
+        "median_abs_error_pct": statistics.median(abs(e) for e in errors),
+        "max_abs_error_pct": max(abs(e) for e in errors),
+        "bias_pct": statistics.fmean(errors),
+    }
+
+
+def _scaling_summary(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
+    if scaling is None:
+        return None
+    keys = ("gpus", "nodes", "dp", "gas", "global_batch_size", "status", "tokens_per_s",
+            "tokens_per_s_per_gpu", "efficiency", "predicted_efficiency", "flag", "grew",
+            "grew_loss", "rule", "reason")
+    points = [{k: p.get(k) for k in keys} for p in scaling["points"]]
+    ran = [p for p in points if p["efficiency"] is not None]
+    largest = ran[-1] if ran else None
+    return {
+        "mode": scaling["mode"],
+        "layout": scaling["layout"]["text"],
+        "base_gpus": scaling.get("base_gpus"),
+        "largest_gpus": largest["gpus"] if largest else None,
+        "efficiency_at_largest": largest["efficiency"] if largest else None,
+        "flag_at_largest": largest["flag"] if largest else None,
+        "points": points,
+    }
+
+
+def inputs_summary(run: RunData) -> dict[str, Any]:
+    """Model, cluster, training setup and runner in a few flat keys."""
+    cfg = run.cfg
+    c, t = cfg.cluster, cfg.train
+    return {
+        "model": cfg.model.name,
+        "params_b": cfg.model.num_params() / 1e9,
+        "cluster": c.name,
+        "nodes": c.nodes,
+        "gpus_per_node": c.gpus_per_node,
+        "gpus": c.world_size,
+        "gpu": c.gpu.name,
+        "gpu_memory_gb": c.gpu.memory_gb,
+        "framework": t.framework,
+        "precision": t.precision,
+        "seq_length": t.seq_length,
+        "global_batch_size": t.global_batch_size,
+        "runner": run.runner,
+        "study": run.study_name,
+        "storage": run.storage,
+    }
+
+
+def summary(run: RunData, plots: dict[str, str] | None = None, top_k: int = 5) -> dict[str, Any]:
+    """The summary.json document (keys documented in the README; floats to 6 digits)."""
+    ranked = run.ranked
+    by_status = Counter(r.get("status", "") for r in run.records)
+    study = None
+    if run.study_name:
+        study = {
+            "trials": len(run.records),
+            "ran": sum(1 for r in run.records if r.get("ran")),
+            "ok": len(ranked),
+            "by_status": dict(sorted(by_status.items())),
+        }
+    headlines = [_headline(r, run.directory, i) for i, r in enumerate(ranked[: top_k + 1])]
+    doc = {
+        "schema": SUMMARY_SCHEMA,
+        "kind": run.kind,
+        "inputs": inputs_summary(run),
+        "study": study,
+        "best": headlines[0] if headlines else None,
+        "runners_up": headlines[1:],
+        "prediction": prediction_error(run.records),
+        "failures": failures(run.records),
+        "scaling": _scaling_summary(run.scaling),
+        "files": {
+            "report_md": "report.md",
+            "report_html": "report.html",
+            "summary_json": "summary.json",
+            "trials_csv": "trials.csv" if run.records else None,
+            "scaling_json": "scaling.json" if run.scaling else None,
+            "plots": dict(plots or {}),
+        },
+    }
+    return rounded(doc)
+
+
+def rounded(data: Any, digits: int = 6) -> Any:
+    """Floats to `digits` significant digits, recursively (stable JSON across machines)."""
+    if isinstance(data, dict):
+        return {k: rounded(v, digits) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [rounded(v, digits) for v in data]
+    if isinstance(data, float):
+        return float(f"{data:.{digits}g}")
+    return data

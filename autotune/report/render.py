@@ -1,0 +1,492 @@
+"""`write_report`: report.md, report.html, trials.csv, summary.json and plots/ for one folder.
+
+The templates live in `templates/report/` (Jinja, StrictUndefined). The context is built here
+from `autotune.report.data` as small tables of already formatted strings, so both templates
+only lay them out. report.html is self-contained: its plots are inline SVG and its style is
+inline CSS, with no network reference.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import re
+from collections import Counter
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from autotune.constants import constants_for
+from autotune.estimate import estimate
+from autotune.layout import Layout
+from autotune.memory import GIB
+from autotune.memory import MEMORY_PARTS
+from autotune.memory import usable_gpu_bytes
+from autotune.perf import TIME_PARTS
+from autotune.report import data
+from autotune.report import plots
+from autotune.resources import resource_dir
+from autotune.scaling import PART_LABELS
+
+PLOT_CAPTIONS = {
+    "memory_breakdown": "Predicted memory per GPU of the winner and runners-up, by part; "
+                        "diamonds are the measured peaks, the dashed line the usable memory.",
+    "time_breakdown": "Predicted step time of the winner and runners-up, by part; diamonds are "
+                      "the measured step times.",
+    "throughput_over_trials": "Measured throughput of every trial in study order; trials that "
+                              "measured nothing sit at zero, marked by outcome.",
+    "memory_vs_throughput": "Peak memory per GPU (measured when known, else predicted) against "
+                            "throughput; right of the dashed line a layout does not fit. Trials "
+                            "rejected by structural rules have no memory and are not shown.",
+    "predicted_vs_measured": "The model's throughput prediction against the measurement of each "
+                             "trial that ran.",
+    "scaling": "Scaling sweep: throughput and efficiency per size (efficiency = throughput per "
+               "GPU relative to the smallest size that ran).",
+    "scaling_breakdown": "Predicted step-time parts per size, normalised per GPU and per token "
+                         "to the base size: perfect scaling keeps the bars flat; the part that "
+                         "grows is what costs efficiency.",
+    "outcomes": "How many trials ended in each outcome.",
+}
+"""Every plot a report can hold (file plots/NAME.svg), with its caption."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """Formatted cells: a header, rows, and per-column alignment ('l' or 'r')."""
+
+    columns: list[str]
+    rows: list[list[str]]
+    align: str = ""
+
+    def alignment(self, i: int) -> str:
+        """'l' or 'r' for column i."""
+        return self.align[i] if i < len(self.align) else "l"
+
+
+# --- formatting -------------------------------------------------------------------------------
+
+
+def num(value: Any, digits: int = 0) -> str:
+    """1,234 or 1,234.5; '–' for None."""
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def pct(value: Any, digits: int = 1) -> str:
+    """0.523 → 52.3%."""
+    return "–" if value is None else f"{value * 100:.{digits}f}%"
+
+
+def tflops(value: Any) -> str:
+    """TFLOP/s with one decimal, or 3 significant digits below 10 (CPU processes)."""
+    if value is None:
+        return "–"
+    return f"{value:.3g}" if value < 10 else f"{value:,.1f}"
+
+
+def gib(value: Any) -> str:
+    """Bytes as GiB: one decimal, or 2 significant digits below 1 GiB."""
+    if value is None:
+        return "–"
+    v = value / GIB
+    return f"{v:.1f}" if v >= 1 or v == 0 else f"{v:.2g}"
+
+
+def signed_pct(value: Any) -> str:
+    """+3.2% / −1.0%."""
+    return "–" if value is None else f"{value:+.1f}%".replace("-", "−")
+
+
+def short_layout(fields: dict[str, Any]) -> str:
+    """tp4 pp1 cp2 dp16 z2 mb1 rc=none sp (vpp and offload only when set)."""
+    text = f"tp{fields['tp']} pp{fields['pp']} cp{fields['cp']} dp{fields['dp']}"
+    if fields.get("vpp", 1) > 1:
+        text += f" vpp{fields['vpp']}"
+    text += f" z{fields['zero']} mb{fields['mbs']} rc={fields['recompute']}"
+    if fields.get("offload", "none") != "none":
+        text += f" off={fields['offload']}"
+    return text + (" sp" if fields.get("sp") else "")
+
+
+# --- plots ------------------------------------------------------------------------------------
+
+
+def _top(run: data.RunData, top_k: int) -> list[dict[str, Any]]:
+    return [r for r in run.ranked[: top_k + 1] if r.get("predicted")]
+
+
+def _memory_points(run: data.RunData) -> list[tuple[float, float, str]]:
+    cfg = run.cfg
+    k = constants_for(cfg.cluster.gpu)
+    points = []
+    for r in run.records:
+        status = r.get("status")
+        predicted = (r.get("predicted") or {}).get("peak_memory_bytes")
+        memory = r.get("measured_peak_memory_bytes") or predicted
+        if status == "ok" and memory and r.get("measured_tokens_per_s"):
+            points.append((memory, r["measured_tokens_per_s"], "ok"))
+        elif status in data.FAILED and memory:
+            points.append((memory, 0.0, status))
+        elif status == "infeasible" and r.get("rule") in ("memory_fits", "host_memory_fits"):
+            layout = Layout(**r["layout_fields"])
+            points.append((estimate(cfg, layout, k).peak_memory_bytes, 0.0, "infeasible"))
+    return points
+
+
+def build_plots(run: data.RunData, top_k: int = 5) -> dict[str, str]:
+    """SVG text of every plot the folder has data for, by name (see PLOT_CAPTIONS)."""
+    out: dict[str, str] = {}
+    cfg = run.cfg
+    usable = usable_gpu_bytes(cfg, constants_for(cfg.cluster.gpu))
+    top = _top(run, top_k)
+    if top:
+        labels = [f"#{i + 1} {short_layout(r['layout_fields'])}" for i, r in enumerate(top)]
+        out["memory_breakdown"] = plots.memory_breakdown(
+            labels, [r["predicted"]["memory"]["parts"] for r in top],
+            [r.get("measured_peak_memory_bytes") for r in top], usable)
+        out["time_breakdown"] = plots.time_breakdown(
+            labels, [r["predicted"]["time"]["parts"] for r in top],
+            [r.get("measured_step_time_s") for r in top])
+    if run.records:
+        ranked = run.ranked
+        out["throughput_over_trials"] = plots.throughput_over_trials(
+            [(r["number"], r.get("status", ""), r.get("measured_tokens_per_s"))
+             for r in run.records],
+            ranked[0]["number"] if ranked else None)
+        memory = _memory_points(run)
+        if memory:
+            out["memory_vs_throughput"] = plots.memory_vs_throughput(memory, usable)
+        pairs = [(r["measured_tokens_per_s"], r["predicted"]["tokens_per_s"])
+                 for r in ranked if r.get("predicted")]
+        error = data.prediction_error(run.records)
+        if pairs and error:
+            winner = pairs[0] if ranked[0].get("predicted") else None
+            out["predicted_vs_measured"] = plots.predicted_vs_measured(
+                pairs, error["median_abs_error_pct"], winner)
+    if run.scaling:
+        ok = [p for p in run.scaling["points"] if p.get("efficiency") is not None]
+        if ok:
+            out["scaling"] = plots.scaling_curves([("", ok)])
+            out["scaling_breakdown"] = plots.scaling_breakdown(ok, ok[0])
+    if run.records:
+        counts = Counter(r.get("status", "") for r in run.records)
+        out["outcomes"] = plots.outcomes(dict(counts))
+    return {name: out[name] for name in PLOT_CAPTIONS if name in out}
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+
+def _inputs_tables(run: data.RunData) -> dict[str, Table]:
+    cfg = run.cfg
+    m, c, t = cfg.model, cfg.cluster, cfg.train
+    peaks = ", ".join(f"{p} {v:g}" for p, v in c.gpu.peak_tflops.items())
+    model = Table(["model", "value"], [
+        ["name", m.name], ["parameters", f"{m.num_params() / 1e9:.2f} B"],
+        ["layers", str(m.num_layers)], ["hidden size", str(m.hidden_size)],
+        ["attention heads / KV groups", f"{m.num_attention_heads} / {m.query_groups}"],
+        ["FFN hidden size", str(m.ffn)], ["vocabulary", f"{m.vocab_size:,}"],
+        ["activation / norm", f"{m.activation} / {m.normalization}"],
+    ])
+    cluster = Table(["cluster", "value"], [
+        ["name", c.name], ["GPUs", f"{c.world_size} ({c.nodes} nodes × {c.gpus_per_node})"],
+        ["GPU", f"{c.gpu.name}, {c.gpu.memory_gb:g} GB, {c.gpu.hbm_tb_s:g} TB/s HBM"],
+        ["peak dense TFLOP/s", peaks],
+        ["intra-node link (per GPU, per direction)", f"{c.intra_node_gb_s:g} GB/s"],
+        ["inter-node link (per GPU, per direction)", f"{c.inter_node_gb_s:g} GB/s"],
+        ["host memory per node / PCIe", f"{c.host_memory_gb:g} GB / {c.pcie_gb_s:g} GB/s"],
+    ])
+    info = run.run_info
+    options = ", ".join(f"{k}={v}" for k, v in sorted((info.get("runner_options") or {}).items()))
+    train_rows = [
+        ["framework", t.framework], ["precision", t.precision],
+        ["sequence length", f"{t.seq_length:,} tokens"],
+        ["global batch", f"{t.global_batch_size:,} sequences ({t.tokens_per_step:,} tokens)"],
+        ["runner", (run.runner or "–") + (f" ({options})" if options else "")],
+    ]
+    if run.study_name:
+        train_rows.append(["study", f"{run.study_name} in {run.storage}"])
+    if info.get("command"):
+        train_rows.append(["command", str(info["command"])])
+    return {"model": model, "cluster": cluster,
+            "train": Table(["training and search", "value"], train_rows)}
+
+
+def _winners_table(summary: dict[str, Any]) -> Table | None:
+    rows = [summary["best"], *summary["runners_up"]] if summary["best"] else []
+    if not rows:
+        return None
+    table = Table(
+        ["#", "trial", "layout", "dp", "gas", "tokens/s", "predicted", "error", "TFLOP/s/GPU",
+         "MFU", "pred. MFU", "peak GiB", "pred. GiB"],
+        [], "rrlrrrrrrrrrr")
+    for h in rows:
+        p, f = h["predicted"], h["layout_fields"]
+        table.rows.append([
+            str(h["rank"]), str(h["trial"]), short_layout(f), str(f["dp"]), str(f["gas"]),
+            num(h["tokens_per_s"]), num(p["tokens_per_s"]), signed_pct(h["error_pct"]),
+            tflops(h["tflops_per_gpu"]), pct(h["mfu"]), pct(p["mfu"]),
+            num(h["peak_memory_gib"], 1), num(p["peak_memory_gib"], 1),
+        ])
+    return table
+
+
+def _parts_table(record: dict[str, Any]) -> tuple[Table, Table]:
+    predicted = record["predicted"]
+    memory, time = predicted["memory"], predicted["time"]
+    mem = Table(["memory part", "GiB", "share"], [], "lrr")
+    for name in MEMORY_PARTS:
+        value = memory["parts"].get(name, 0.0)
+        if value:
+            mem.rows.append([plots.MEMORY_LABELS[name], gib(value), pct(value / memory["total"])])
+    mem.rows.append(["total (predicted)", gib(memory["total"]), "100%"])
+    if record.get("measured_peak_memory_bytes"):
+        mem.rows.append(["measured peak", gib(record["measured_peak_memory_bytes"]), ""])
+    step = Table(["step-time part", "seconds", "share"], [], "lrr")
+    for name in TIME_PARTS:
+        value = time["parts"].get(name, 0.0)
+        if value:
+            step.rows.append([PART_LABELS[name], f"{value:.3f}", pct(value / time["total"])])
+    step.rows.append(["total (predicted)", f"{time['total']:.3f}", "100%"])
+    if record.get("measured_step_time_s"):
+        step.rows.append(["measured", f"{record['measured_step_time_s']:.3f}", ""])
+    return mem, step
+
+
+def scaling_table(scaling: dict[str, Any]) -> Table:
+    """The sweep's points: shape, outcome, throughput, efficiency, flag and what grew."""
+    table = Table(
+        ["GPUs", "nodes", "dp", "gas", "global batch", "status", "tokens/s", "tokens/s/GPU",
+         "efficiency", "predicted eff.", "flag or reason", "grew most (efficiency lost)"],
+        [], "rrrrrlrrrrll")
+    for p in scaling["points"]:
+        rate = p.get("tokens_per_s")
+        grew = ""
+        if p.get("grew"):
+            grew = f"{PART_LABELS.get(p['grew'], p['grew'])} (−{p['grew_loss'] * 100:.1f}%)"
+        note = p.get("flag") or (f"{p['rule']}: " if p.get("rule") else "") + p.get("reason", "")
+        table.rows.append([
+            str(p["gpus"]), str(p["nodes"]), str(p["dp"] or "–"), str(p["gas"] or "–"),
+            str(p["global_batch_size"] or "–"), p["status"], num(rate),
+            num(rate / p["gpus"]) if rate else "–",
+            num(p.get("efficiency"), 2) if p.get("efficiency") is not None else "–",
+            num(p.get("predicted_efficiency"), 2)
+            if p.get("predicted_efficiency") is not None else "–",
+            note, grew,
+        ])
+    return table
+
+
+def _scaling_verdict(summary: dict[str, Any]) -> str:
+    s = summary["scaling"]
+    if not s or s["largest_gpus"] is None:
+        return "No size of the sweep ran, so there is no efficiency to report."
+    last = next(p for p in s["points"] if p["gpus"] == s["largest_gpus"])
+    text = (f"{s['mode'].capitalize()} scaling of `{s['layout']}` from {s['base_gpus']} to "
+            f"{s['largest_gpus']} GPUs: efficiency {last['efficiency']:.2f} at the largest size "
+            f"({last['flag']}).")
+    if last.get("grew"):
+        text += (f" The part that grew most is {PART_LABELS.get(last['grew'], last['grew'])}, "
+                 f"costing {last['grew_loss'] * 100:.1f}% of efficiency by the model.")
+    worst = min((p for p in s["points"] if p["efficiency"] is not None),
+                key=lambda p: p["efficiency"])
+    if worst["flag"] != "fine":
+        text += (" Below 0.7 look at communication (lower tp, change pp, a faster "
+                 "interconnect); below 0.5 the run is communication-bound.")
+    return text
+
+
+def highlights(run: data.RunData, summary: dict[str, Any]) -> list[str]:
+    """The report's opening bullets (Markdown inline code in backticks)."""
+    lines = []
+    best, study = summary["best"], summary["study"]
+    if best:
+        p = best["predicted"]
+        lines.append(
+            f"Winner: `{best['layout']}` (dp={best['layout_fields']['dp']}, "
+            f"gas={best['layout_fields']['gas']}), trial {best['trial']}: "
+            f"{num(best['tokens_per_s'])} tokens/s ({num(best['tokens_per_s_per_gpu'])} per GPU), "
+            f"{tflops(best['tflops_per_gpu'])} TFLOP/s per GPU, MFU {pct(best['mfu'])}, "
+            f"peak memory {num(best['peak_memory_gib'], 1)} GiB; predicted "
+            f"{num(p['tokens_per_s'])} tokens/s ({signed_pct(best['error_pct'])} off).")
+    elif run.records:
+        lines.append("No trial measured a throughput: see the failures below.")
+    if study:
+        outcomes = ", ".join(f"{n} {s}" for s, n in sorted(
+            study["by_status"].items(), key=lambda kv: (-kv[1], kv[0])))
+        lines.append(f"Study: {study['trials']} trials ({outcomes}); {study['ran']} ran on the "
+                     f"{run.runner or 'the'} runner, the rest were rejected by rules or repeats.")
+    if summary["prediction"]:
+        e = summary["prediction"]
+        lines.append(
+            f"Prediction: median |error| {e['median_abs_error_pct']:.1f}% over {e['trials']} "
+            f"trials (max {e['max_abs_error_pct']:.1f}%, mean {signed_pct(e['bias_pct'])}).")
+    if run.scaling:
+        lines.append(_scaling_verdict(summary))
+    return lines
+
+
+def _failures_table(summary: dict[str, Any]) -> Table | None:
+    if not summary["failures"]:
+        return None
+    table = Table(["outcome", "rule", "trials", "reasons (most frequent first)"], [], "llrl")
+    for f in summary["failures"]:
+        reasons = "; ".join(f["reasons"]) or "–"
+        table.rows.append([f["status"], f["rule"] or "–", str(f["count"]), reasons])
+    return table
+
+
+def _all_trials_table(run: data.RunData) -> Table:
+    table = Table(["trial", "status", "layout", "tokens/s", "predicted", "peak GiB",
+                   "rule / reason"], [], "rllrrrl")
+    for row in data.trial_rows(run.records):
+        peak = row["measured_peak_memory_gib"] or row["predicted_peak_memory_gib"]
+        note = " ".join(filter(None, [row["rule"], row["reason"]]))
+        if row["duplicate_of"] is not None:
+            note = f"same layout as trial {row['duplicate_of']}"
+        table.rows.append([
+            str(row["number"]), row["status"], row["layout"] or "–",
+            num(row["measured_tokens_per_s"]), num(row["predicted_tokens_per_s"]),
+            num(peak, 1), note[:140],
+        ])
+    return table
+
+
+def _configs(run: data.RunData, summary: dict[str, Any]) -> dict[str, Any]:
+    best = run.directory / "best"
+    launch: dict[str, str] = {}
+    files: list[str] = []
+    if best.is_dir():
+        files = sorted(p.name for p in best.iterdir() if p.is_file())
+        manifest = best / "manifest.json"
+        if manifest.is_file():
+            launch = json.loads(manifest.read_text()).get("launch", {})
+    folders = Table(["#", "folder", "layout"], [], "rll")
+    for h in [summary["best"], *summary["runners_up"]] if summary["best"] else []:
+        if h["configs"]:
+            folders.rows.append([str(h["rank"]), f"{h['configs']}/", h["layout"]])
+    return {"best": "best/" if best.is_dir() else None, "files": files, "launch": launch,
+            "folders": folders}
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+@cache
+def environment() -> jinja2.Environment:
+    """The report templates (StrictUndefined; HTML autoescaped)."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(resource_dir("templates") / "report")),
+        undefined=jinja2.StrictUndefined,
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",),
+                                            default_for_string=False),
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["md_cell"] = md_cell
+    env.filters["md_table"] = md_table
+    env.filters["inline_code"] = inline_code
+    return env
+
+
+def md_cell(value: Any) -> str:
+    """A Markdown table cell: pipes escaped, one line."""
+    return " ".join(str(value).split()).replace("|", "\\|")
+
+
+def md_table(table: Table) -> str:
+    """A Markdown pipe table."""
+    rule = ["---:" if table.alignment(i) == "r" else ":---" for i in range(len(table.columns))]
+    lines = [table.columns, rule, *table.rows]
+    return "\n".join("| " + " | ".join(md_cell(c) for c in line) + " |" for line in lines)
+
+
+def inline_code(text: str) -> Markup:
+    """HTML-escape text and turn `backticks` into <code>."""
+    escaped = str(Markup.escape(text))
+    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped))
+
+
+def render_template(name: str, **context: Any) -> str:
+    """Render templates/report/NAME."""
+    return environment().get_template(name).render(**context)
+
+
+def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
+    """rows as CSV (floats to 6 significant digits, None as empty)."""
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if v is None else f"{v:.6g}" if isinstance(v, float) else v)
+                             for k, v in row.items()})
+
+
+def report_context(run: data.RunData, summary: dict[str, Any], svgs: dict[str, str],
+                   top_k: int = 5) -> dict[str, Any]:
+    """Everything the report templates show, formatted."""
+    cfg = run.cfg
+    top = _top(run, top_k)
+    memory_table, time_table = _parts_table(top[0]) if top else (None, None)
+    return {
+        "title": f"{cfg.model.name} on {cfg.cluster.name}",
+        "subtitle": (f"{cfg.world_size} × {cfg.cluster.gpu.name} · {cfg.train.framework} · "
+                     f"{run.kind} · runner {run.runner or '–'}"),
+        "summary": summary,
+        "highlights": highlights(run, summary),
+        "inputs": _inputs_tables(run),
+        "winners": _winners_table(summary),
+        "winner_memory": memory_table,
+        "winner_time": time_table,
+        "all_trials": _all_trials_table(run) if run.records else None,
+        "failures": _failures_table(summary),
+        "scaling": scaling_table(run.scaling) if run.scaling else None,
+        "scaling_verdict": _scaling_verdict(summary) if run.scaling else "",
+        "configs": _configs(run, summary),
+        "plots": {name: {"svg": Markup(svg), "file": f"plots/{name}.svg",
+                         "caption": PLOT_CAPTIONS[name]} for name, svg in svgs.items()},
+    }
+
+
+def write_report(directory: str | Path, out_dir: str | Path | None = None,
+                 top_k: int | None = None) -> dict[str, Path]:
+    """Regenerate the report of a tune and/or scale output folder.
+
+    Args:
+        directory: The folder `autotune tune` or `autotune scale` wrote.
+        out_dir: Where to write (default: `directory`).
+        top_k: Runners-up to show after the winner (default: run.json's options.top_k, else 5).
+
+    Returns:
+        File name → path: report.md, report.html, summary.json, trials.csv (with a study)
+        and plots/NAME.svg.
+
+    Raises:
+        AutotuneError: when the folder holds neither a study nor scaling.json.
+    """
+    run = data.load_run(directory)
+    if top_k is None:
+        top_k = int((run.run_info.get("options") or {}).get("top_k", 5))
+    out = Path(out_dir) if out_dir is not None else run.directory
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    svgs = build_plots(run, top_k)
+    written: dict[str, Path] = {}
+    for name, svg in svgs.items():
+        path = out / "plots" / f"{name}.svg"
+        path.write_text(svg)
+        written[f"plots/{name}.svg"] = path
+    summary = data.summary(run, {n: f"plots/{n}.svg" for n in svgs}, top_k)
+    written["summary.json"] = out / "summary.json"
+    written["summary.json"].write_text(json.dumps(summary, indent=2) + "\n")
+    if run.records:
+        written["trials.csv"] = out / "trials.csv"
+        write_csv(written["trials.csv"], data.TRIAL_COLUMNS, data.trial_rows(run.records))
+    context = report_context(run, summary, svgs, top_k)
+    for name in ("report.md", "report.html"):
+        written[name] = out / name
+        written[name].write_text(render_template(f"{name}.j2", **context))
+    return written

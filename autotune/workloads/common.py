@@ -1,0 +1,160 @@
+"""What every built-in workload shares: its exit codes, layout.json, JSON records, measurements.
+
+The record contract (one JSON object per line on rank 0's stdout, also appended to ``--metrics``):
+
+- ``{"event": "step", "step", "step_time_s", "tokens", "tokens_per_s", "loss",
+  "peak_memory_bytes", "warmup"}`` once per optimizer step;
+- ``{"event": "summary", "status", "median_step_time_s", "tokens_per_s", "peak_memory_bytes",
+  "step_time_spread", "world_size", "steps", ...}`` once at the end, or
+  ``{"event": "summary", "status", "reason", "world_size"}`` for a run that never trained.
+
+``autotune.runners.local`` parses these lines; ``autotune.runners.failures`` maps the exit codes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import resource
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autotune.exceptions import AutotuneError
+from autotune.layout import Layout
+
+EXIT_CODES = {"ok": 0, "bad_input": 2, "nan": 3, "oom": 4, "rejected": 5}
+"""Process exit code per summary status (`autotune.runners.failures.WORKLOAD_EXIT_CODES`)."""
+SEED = 1234
+"""Seed of the weights and of the synthetic token stream."""
+INJECTIONS = ("nan", "hang", "oom")
+"""Failures ``--inject`` can provoke, to test how runners classify them."""
+INJECT_STEP = 2
+"""Step at which an injected failure happens."""
+_OOM_MARKERS = ("out of memory", "can't allocate memory")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a file; AutotuneError says what is wrong with it."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise AutotuneError(f"cannot read {path}: {error.strerror}") from None
+    except json.JSONDecodeError as error:
+        raise AutotuneError(f"{path} is not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise AutotuneError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def read_layout(path: Path) -> Layout:
+    """The Layout in layout.json (its fields at the top level or under ``layout``)."""
+    data = read_json(path)
+    data = data.get("layout", data) if isinstance(data.get("layout"), dict) else data
+    names = {field.name for field in dataclasses.fields(Layout)}
+    try:
+        return Layout(**{key: value for key, value in data.items() if key in names})
+    except TypeError as error:
+        raise AutotuneError(f"{path}: {error}") from None
+
+
+def peak_memory_bytes() -> int:
+    """This rank's peak: allocated CUDA memory on GPU, resident set size (VmHWM) on CPU."""
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def step_time_spread(times_s: list[float]) -> float:
+    """Relative spread of step times: IQR / median from 4 steps on, else (max - min) / median."""
+    if len(times_s) < 2:
+        return 0.0
+    median = statistics.median(times_s)
+    if len(times_s) >= 4:
+        q1, _, q3 = statistics.quantiles(times_s, n=4, method="inclusive")
+        return (q3 - q1) / median
+    return (max(times_s) - min(times_s)) / median
+
+
+def step_record(
+    step: int, step_time_s: float, tokens: int, loss: float, peak: int, warmup: bool
+) -> dict[str, Any]:
+    """The record of one optimizer step."""
+    return {
+        "event": "step", "step": step, "step_time_s": step_time_s, "tokens": tokens,
+        "tokens_per_s": tokens / step_time_s, "loss": loss if math.isfinite(loss) else None,
+        "peak_memory_bytes": peak, "warmup": warmup,
+    }
+
+
+def summary_record(
+    status: str,
+    times_s: list[float],
+    tokens_per_step: int,
+    peak: int,
+    loss: float,
+    *,
+    world: int,
+    steps: int,
+    warmup: int,
+    layout: Layout,
+) -> dict[str, Any]:
+    """The final record of a run that trained (status ok or nan)."""
+    median = statistics.median(times_s) if times_s else None
+    return {
+        "event": "summary", "status": status, "median_step_time_s": median,
+        "tokens_per_s": tokens_per_step / median if median else None,
+        "peak_memory_bytes": peak, "step_time_spread": step_time_spread(times_s),
+        "world_size": world, "steps": steps, "warmup": warmup,
+        "loss": loss if math.isfinite(loss) else None, "layout": layout.id,
+    }
+
+
+class Reporter:
+    """Writes records as JSON lines to stdout and the metrics file (rank 0 unless forced)."""
+
+    def __init__(self, rank: int, metrics: Path | None) -> None:
+        self.rank, self.metrics = rank, metrics
+
+    def emit(self, record: dict[str, Any], any_rank: bool = False) -> None:
+        """Print one record (only on rank 0 unless ``any_rank``)."""
+        if self.rank != 0 and not any_rank:
+            return
+        line = json.dumps(record)
+        print(line, flush=True)
+        if self.metrics is not None:
+            with self.metrics.open("a") as handle:
+                handle.write(line + "\n")
+
+    def fail(self, status: str, reason: str, world: int) -> int:
+        """Emit the summary of a run that never trained; returns its exit code."""
+        self.emit({"event": "summary", "status": status, "reason": reason, "world_size": world})
+        return EXIT_CODES[status]
+
+
+def is_oom(error: BaseException) -> bool:
+    """Whether an exception means device or host memory ran out."""
+    if isinstance(error, torch.OutOfMemoryError | MemoryError):
+        return True
+    return any(marker in str(error) for marker in _OOM_MARKERS)
+
+
+def max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest value over all ranks of the default process group."""
+    import torch.distributed as dist
+
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def teardown() -> None:
+    """Barrier and destroy the default process group, if there is one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
