@@ -257,8 +257,31 @@ RUNNERS = ("simulate", "command", "local", "slurm")
 
 
 def _make_runner(
-    name: str, *, noise: float, seed: int, command: str | None, timeout: float
+    name: str,
+    *,
+    noise: float,
+    seed: int,
+    command: str | None,
+    timeout: float,
+    resume: bool = False,
+    slurm: dict[str, Any] | None = None,
 ) -> Runner:
+    slurm = {k: v for k, v in (slurm or {}).items() if v}
+    if slurm and name != "slurm":
+        flags = ", ".join("--" + k.replace("_", "-") for k in slurm)
+        raise AutotuneError(f"{flags}: only for --runner slurm (got --runner {name})")
+    if name == "slurm":
+        from autotune.runners.slurm import SlurmRunner
+        from autotune.runners.slurm import parse_slurm_opts
+
+        return SlurmRunner(
+            partition=slurm.get("partition"),
+            account=slurm.get("account"),
+            time_limit=slurm.get("time_limit"),
+            options=parse_slurm_opts(slurm.get("slurm_opt") or ()),
+            timeout_s=timeout,
+            reattach=resume,
+        )
     if name == "simulate":
         return SimulateRunner(noise=noise, seed=seed)
     if name == "command":
@@ -335,6 +358,28 @@ def tune(
         str | None, typer.Option(help="command runner: the command template.")
     ] = None,
     timeout: Annotated[float, typer.Option(help="Per-trial timeout, seconds.")] = 3600.0,
+    partition: Annotated[
+        str | None, typer.Option(help="slurm runner: partition of the trial jobs.")
+    ] = None,
+    account: Annotated[
+        str | None, typer.Option(help="slurm runner: account charged for the trial jobs.")
+    ] = None,
+    time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--time-limit",
+            help="slurm runner: Slurm --time of each trial job, e.g. 00:30:00 (default: "
+            "--timeout plus 5 minutes).",
+        ),
+    ] = None,
+    slurm_opt: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--slurm-opt",
+            help="slurm runner: another sbatch option, KEY=VAL or KEY (repeatable), e.g. "
+            "--slurm-opt qos=high --slurm-opt exclusive.",
+        ),
+    ] = None,
     seq: SeqOpt = None,
     gbs: GbsOpt = None,
     precision: PrecisionOpt = None,
@@ -351,7 +396,21 @@ def tune(
     """Search layouts with an Optuna study, measure them with a runner, render the winners."""
     cfg = _config(model, cluster, framework, seq, gbs, precision, processes)
     search_space = load_space(space_ref, cfg.train.framework)
-    trial_runner = _make_runner(runner, noise=noise, seed=seed, command=command, timeout=timeout)
+    slurm_options = {
+        "partition": partition,
+        "account": account,
+        "time_limit": time_limit,
+        "slurm_opt": slurm_opt,
+    }
+    trial_runner = _make_runner(
+        runner,
+        noise=noise,
+        seed=seed,
+        command=command,
+        timeout=timeout,
+        resume=resume,
+        slurm=slurm_options,
+    )
     options = TuneOptions(
         out_dir=out,
         trials=trials,
@@ -368,7 +427,11 @@ def tune(
         study_name=study or default_study_name(cfg),
         storage=storage or default_storage_url(out),
         runner=runner,
-        runner_options={"noise": noise, "seed": seed} if runner == "simulate" else {},
+        runner_options={"noise": noise, "seed": seed}
+        if runner == "simulate"
+        else {k: v for k, v in slurm_options.items() if v}
+        if runner == "slurm"
+        else {},
         options={"trials": trials, "seed": seed, "jobs": jobs, "top_k": top_k},
         command=shlex.join(["autotune", *sys.argv[1:]]),
     )

@@ -13,6 +13,7 @@ import json
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,14 @@ from autotune.specs import AutotuneConfig
 from autotune.storage import GRACE_PERIOD_S
 from autotune.storage import HEARTBEAT_INTERVAL_S
 from autotune.storage import default_storage_url
+from autotune.storage import has_heartbeat
 from autotune.storage import open_storage
 
 log = logging.getLogger(__name__)
 INPUTS_ATTR = "autotune_inputs"
+CARRIED_ATTRS = ("slurm_job_id", "slurm_trial_dir")
+"""User attributes a retried trial keeps (heartbeat retries keep them all): the job of the
+interrupted trial, which the slurm runner re-attaches to while it still runs."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +194,8 @@ class Objective:
             trial.report(tokens_per_s, step)
             return trial.should_prune()
 
-        return TrialPlan(self.cfg, layout, trial.number, directory, artifacts, report)
+        return TrialPlan(self.cfg, layout, trial.number, directory, artifacts, report,
+                         attrs=dict(trial.user_attrs), note=trial.set_user_attr)
 
     def record(self, trial: Trial, layout: Layout, predicted_peak: float, m: Measurement) -> float:
         trial.set_user_attr("status", m.status)
@@ -275,11 +281,11 @@ def recover_interrupted(study: optuna.Study, wait: bool = True) -> int:
     if not running:
         return 0
     storage = study._storage
-    if isinstance(storage, optuna.storages.RDBStorage):
+    if has_heartbeat(storage):  # RDB storages (wrapped in _CachedStorage) and journals
         deadline = time.monotonic() + (GRACE_PERIOD_S + 2 * HEARTBEAT_INTERVAL_S if wait else 0)
         before = {t.number for t in running}
         while True:
-            optuna.storages.fail_stale_trials(study)
+            _fail_stale(study)
             still = {
                 t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             }
@@ -289,8 +295,41 @@ def recover_interrupted(study: optuna.Study, wait: bool = True) -> int:
     # storages without heartbeats: the user says (by --resume) that no other worker is alive
     for t in running:
         storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+        carried = {k: t.user_attrs[k] for k in CARRIED_ATTRS if k in t.user_attrs}
+        study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, **carried})
     return len(running)
+
+
+def finish_shared(study: optuna.Study, optimize: Callable[[], None]) -> None:
+    """Before leaving a shared study, give the trials other workers run the time a dead
+    worker's heartbeat takes to go stale, and run the retries of those that do (the storage's
+    callback enqueues them). A trial still RUNNING after that has a live worker, which finishes
+    it itself; so no trial of a dead worker stays RUNNING once the last worker has left."""
+    if not has_heartbeat(study._storage):
+        return
+    deadline = time.monotonic() + GRACE_PERIOD_S + 2 * HEARTBEAT_INTERVAL_S
+    while True:
+        retries = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            if "failed_trial" in t.system_attrs or "retry_of" in t.user_attrs
+        ]
+        if retries:
+            optimize()
+            deadline = time.monotonic() + GRACE_PERIOD_S + 2 * HEARTBEAT_INTERVAL_S
+            continue
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not running or time.monotonic() > deadline:
+            return
+        _fail_stale(study)
+        time.sleep(HEARTBEAT_INTERVAL_S)
+
+
+def _fail_stale(study: optuna.Study) -> None:
+    """Fail the RUNNING trials whose heartbeat stopped; the storage's callback retries them."""
+    with warnings.catch_warnings():  # 'experimental' since Optuna 2.9
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
 
 
 class _StopAfter:
@@ -348,16 +387,22 @@ def tune(
     callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = [stop]
     if on_trial is not None:
         callbacks.append(on_trial)
+    objective = Objective(cfg, space, runner, k, options.out_dir)
+
+    def optimize() -> None:
+        study.optimize(
+            objective,
+            n_jobs=options.jobs,
+            callbacks=callbacks,
+            catch=(Exception,),
+            gc_after_trial=False,
+        )
+
     runner.prepare()
     try:
         if stop.ran(study) < options.trials:
-            study.optimize(
-                Objective(cfg, space, runner, k, options.out_dir),
-                n_jobs=options.jobs,
-                callbacks=callbacks,
-                catch=(Exception,),
-                gc_after_trial=False,
-            )
+            optimize()
+        finish_shared(study, optimize)
     finally:
         runner.cleanup()
     records = trial_records(study)
@@ -381,6 +426,10 @@ def trial_records(study: optuna.Study) -> list[dict[str, Any]]:
                 if t.datetime_complete
                 else None,
                 "params": dict(t.params),
+                # a retry made by the heartbeat (RetryHeartbeatStaleTrialCallback) names its
+                # predecessor in a system attribute; recover_interrupted's in a user attribute
+                **({"retry_of": t.system_attrs["failed_trial"]}
+                   if "failed_trial" in t.system_attrs else {}),
                 **t.user_attrs,
                 "status": t.user_attrs.get(
                     "status", "pruned" if t.state == TrialState.PRUNED else t.state.name.lower()

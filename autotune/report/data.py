@@ -132,7 +132,7 @@ def _load_study(url: str, name: str | None) -> Any:
 
     from autotune.storage import open_storage
 
-    storage: Any = open_storage(url) if url.startswith("journal:") else url
+    storage: Any = open_storage(url)  # the driver for postgresql://, heartbeat journals
     if name is None:
         names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
         if len(names) != 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ STATUSES = ("ok", "oom", "nccl_timeout", "hang", "timeout", "nan", "rejected", "
 
 Reporter = Callable[[int, float], bool]
 """report(step, tokens_per_s) -> True when the trial should stop (pruned)."""
+Noter = Callable[[str, Any], None]
+"""note(key, value): store a JSON value on the trial at once (an Optuna user attribute)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +31,10 @@ class TrialPlan:
     directory: Path
     artifacts: dict[str, Path] = dataclasses.field(default_factory=dict)
     report: Reporter = lambda step, value: False
+    attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The trial's user attributes when it started (a retry carries its predecessor's)."""
+    note: Noter = lambda key, value: None
+    """Store a value on the trial now, e.g. a job id that a retry of the trial can re-attach to."""
 
 
 @dataclasses.dataclass(frozen=True)
