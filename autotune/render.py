@@ -344,6 +344,35 @@ def sbatch_script(
 # --- all artifacts -----------------------------------------------------------------------------
 
 
+def trial_job_script(
+    cfg: AutotuneConfig,
+    layout: Layout,
+    *,
+    number: int,
+    directory: Path,
+    job_name: str,
+    directives: Sequence[str],
+    python: str,
+    module: str,
+    args: Sequence[str],
+    port_base: int,
+    port_span: int,
+) -> str:
+    """The sbatch script of one Slurm trial (templates/slurm/trial.sbatch.j2): srun runs torchrun
+    of the trial program on every node, rendezvous from the Slurm environment."""
+    from autotune import __version__
+
+    world = layout.world_size
+    per_node = min(cfg.cluster.gpus_per_node, world)
+    return _render(
+        "slurm/trial.sbatch.j2", job_name=job_name, nodes=-(-world // per_node),
+        nproc_per_node=per_node, cpu_only=cfg.cluster.cpu_processes, directives=list(directives),
+        number=number, version=__version__, layout_text=layout.text, world_size=world,
+        trial_dir=str(directory.resolve()), port_base=port_base, port_span=port_span,
+        python=python, module=module, arg_lines=_flag_lines(args),
+    )
+
+
 def _plain(value: Any) -> Any:
     """JSON-ready form of estimates and measurements (dataclasses, numpy values, to_dict)."""
     if hasattr(value, "to_dict"):

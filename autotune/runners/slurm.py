@@ -34,7 +34,6 @@ import logging
 import math
 import os
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -42,15 +41,11 @@ import threading
 import time
 from collections.abc import Mapping
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from autotune.exceptions import AutotuneError
 from autotune.flops import model_flops
-from autotune.resources import resource_dir
 from autotune.runners.base import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
@@ -238,16 +233,6 @@ class _Poller:
 # --- the job script --------------------------------------------------------------------------
 
 
-@cache
-def _templates() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(resource_dir("templates")),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             autoescape=False)
-    env.filters["shquote"] = lambda value: shlex.quote(str(value))
-    env.filters["comment"] = lambda value: re.sub(r"[\x00-\x1f\x7f]", " ", str(value))
-    return env
-
-
 def sbatch_directives(options: Mapping[str, str | None]) -> list[str]:
     """`--key=value` (or `--key` when the value is None) for each option, checked.
 
@@ -281,30 +266,13 @@ def parse_slurm_opts(items: Sequence[str]) -> dict[str, str | None]:
 
 def trial_sbatch_script(plan: TrialPlan, *, job_name: str, directives: Sequence[str],
                         python: str, args: Sequence[str]) -> str:
-    """The job script of one trial (templates/slurm/trial.sbatch.j2)."""
-    from autotune import __version__
+    """The job script of one trial (rendered by autotune.render from trial.sbatch.j2)."""
+    from autotune.render import trial_job_script
 
-    cluster = plan.cfg.cluster
-    world = plan.layout.world_size
-    per_node = min(cluster.gpus_per_node, world)
-    return _templates().get_template("slurm/trial.sbatch.j2").render(
-        job_name=job_name, nodes=math.ceil(world / per_node), nproc_per_node=per_node,
-        cpu_only=cluster.cpu_processes, directives=list(directives), number=plan.number,
-        version=__version__, layout_text=plan.layout.text, world_size=world,
-        trial_dir=str(plan.directory.resolve()), port_base=PORT_BASE, port_span=PORT_SPAN,
-        python=python, module=WORKLOAD_MODULE, arg_lines=_flag_lines(args),
-    )
-
-
-def _flag_lines(args: Sequence[str]) -> list[list[str]]:
-    """argv grouped as one flag and its values per line."""
-    lines: list[list[str]] = []
-    for arg in args:
-        if arg.startswith("--") or not lines:
-            lines.append([arg])
-        else:
-            lines[-1].append(arg)
-    return lines
+    return trial_job_script(plan.cfg, plan.layout, number=plan.number,
+                            directory=plan.directory, job_name=job_name, directives=directives,
+                            python=python, module=WORKLOAD_MODULE, args=args,
+                            port_base=PORT_BASE, port_span=PORT_SPAN)
 
 
 # --- reading the trial -----------------------------------------------------------------------
