@@ -1,0 +1,151 @@
+"""Megatron-LM's log lines: the parser, and the local runner on a stand-in Megatron-LM checkout
+whose pretrain_gpt.py prints lines built with Megatron-LM's own format strings."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers_runners import leftovers
+from helpers_runners import tiny_config
+
+from autotune.layout import Layout
+from autotune.runners.base import TrialPlan
+from autotune.runners.local import LocalRunner
+from autotune.runners.megatron_log import MIB
+from autotune.runners.megatron_log import MegatronLog
+from autotune.runners.megatron_log import parse_iteration
+from autotune.runners.megatron_log import parse_memory
+
+# lines as megatron/training/training.py:training_log and report_memory print them
+ITERATION = (
+    " [2026-08-22 15:22:22] iteration       10/     100 | consumed samples:         1280 | "
+    "elapsed time per iteration (ms): 1234.5 | throughput per GPU (TFLOP/s/GPU): 412.3 | "
+    "learning rate: 1.500000E-04 | global batch size:   128 | lm loss: 1.034567E+01 | "
+    "loss scale: 1.0 | grad norm: 3.210 | number of skipped iterations:   0 | "
+    "number of nan iterations:   0 |"
+)
+MEMORY = (
+    "[Rank 0] (after 10 iterations) memory (MB) | allocated: 12345.67 | max allocated: 23456.78 "
+    "| reserved: 25000.00 | max reserved: 25000.00"
+)
+FORK = (
+    " [2026-08-22 15:22:22] iteration        3/      20 | consumed samples:           24 | "
+    "elapsed time per iteration (ms): 88.0 | throughput (token/sec/GPU): 2909.1 | "
+    "flop throughput (TFLOP/sec/GPU): 0.4 | learning rate: 1.000000E-04 | global batch size:"
+    "     8 | lm loss: 9.180000E+00 | mtp_1 loss: 9.300000E+00 | loss scale: 1.0 | "
+    "number of skipped iterations:   0 | number of nan iterations:   1 |"
+)
+
+
+def test_iteration_line() -> None:
+    it = parse_iteration(ITERATION)
+    assert it is not None
+    assert (it.iteration, it.train_iters, it.consumed_samples) == (10, 100, 1280)
+    assert it.elapsed_ms == 1234.5 and it.tflops_per_gpu == 412.3
+    assert it.global_batch_size == 128 and it.losses == {"lm loss": pytest.approx(10.34567)}
+    assert it.fields["grad_norm"] == 3.21 and it.nan_iterations == 0
+    fork = parse_iteration(FORK)
+    assert fork is not None and fork.tflops_per_gpu == 0.4 and fork.nan_iterations == 1
+    assert set(fork.losses) == {"lm loss", "mtp_1 loss"}
+    assert parse_iteration("iteration 3 of the data loader") is None
+    assert parse_iteration(MEMORY) is None
+
+
+def test_memory_line() -> None:
+    report = parse_memory(MEMORY)
+    assert report is not None and (report.rank, report.iteration) == (0, 10)
+    assert report.max_allocated_bytes == pytest.approx(23456.78 * MIB)
+    assert report.reserved_bytes == pytest.approx(25000.0 * MIB)
+    assert parse_memory(ITERATION) is None
+
+
+def test_measured_skips_warmup() -> None:
+    lines = [
+        ITERATION.replace("      10/", f"{i:8d}/").replace("1234.5", f"{100.0 * i:.1f}")
+        for i in (1, 2, 3, 4)
+    ]
+    log = MegatronLog.parse([*lines, MEMORY, MEMORY.replace("Rank 0", "Rank 1")])
+    figures = log.measured(warmup=1)
+    assert figures["step_time_s"] == pytest.approx(0.3)  # median of 0.2, 0.3, 0.4
+    assert figures["iterations"] == 4 and figures["loss"] == pytest.approx(10.34567)
+    assert set(figures["peak_memory_by_rank"]) == {0, 1}
+
+
+FAKE_PRETRAIN = """
+import os, sys, time
+from datetime import datetime
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+args = sys.argv[1:]
+
+def last(flag, default):
+    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+    return values[-1] if values else default
+
+iters, gbs = int(last("--train-iters", "10")), int(last("--global-batch-size", "8"))
+for iteration in range(1, iters + 1):
+    time.sleep(0.05)
+    if os.environ.get("FAKE_NAN") and iteration == 3:
+        raise RuntimeError(
+            f"Rank {rank}: found NaN in local grad norm for bucket #0 in backward pass before "
+            "data-parallel communication collective. Device: 0, node: localhost")
+    if rank == world - 1:
+        log_string = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}]"
+        log_string += ' iteration {:8d}/{:8d} |'.format(iteration, iters)
+        log_string += ' consumed samples: {:12d} |'.format(iteration * gbs)
+        log_string += ' elapsed time per iteration (ms): {:.1f} |'.format(100.0 + iteration)
+        log_string += f' throughput per GPU (TFLOP/s/GPU): {0.5:.1f} |'
+        log_string += f' learning rate: {1e-4:.6E} |'
+        log_string += f' global batch size: {gbs:5d} |'
+        log_string += ' {}: {:.6E} |'.format('lm loss', 9.2)
+        log_string += f' loss scale: {1.0:.1f} |'
+        log_string += ' number of skipped iterations: {:3d} |'.format(0)
+        log_string += ' number of nan iterations: {:3d} |'.format(0)
+        print(log_string, flush=True)
+    if iteration == 1:
+        string = '(after 1 iterations)' + ' memory (MB)'
+        string += f" | allocated: {100.0 * (rank + 1):.2f}"
+        string += f" | max allocated: {200.0 * (rank + 1):.2f}"
+        string += f" | reserved: {300.0:.2f}"
+        string += f" | max reserved: {300.0:.2f}"
+        print("[Rank {}] {}".format(rank, string), flush=True)
+"""
+
+
+@pytest.fixture
+def megatron_lm(tmp_path: Path) -> Path:
+    """A stand-in Megatron-LM checkout: pretrain_gpt.py prints real-format log lines."""
+    checkout = tmp_path / "Megatron-LM"
+    checkout.mkdir()
+    (checkout / "pretrain_gpt.py").write_text(textwrap.dedent(FAKE_PRETRAIN))
+    return checkout
+
+
+@pytest.mark.slow
+def test_local_runner_runs_rendered_pretrain_gpt(tmp_path: Path, megatron_lm: Path) -> None:
+    cfg = tiny_config("megatron")
+    plan = TrialPlan(cfg, Layout(dp=2, mbs=4, gas=1), 0, tmp_path / "trial")
+    runner = LocalRunner(steps=5, warmup=2, megatron_lm=megatron_lm, hang_timeout_s=60)
+
+    m = runner.run(plan)
+
+    assert m.status == "ok", (m.reason, m.log_tail)
+    assert m.step_time_s == pytest.approx(0.104)  # median of 103, 104, 105 ms
+    assert m.tokens_per_s == pytest.approx(cfg.train.tokens_per_step / 0.104)
+    assert m.peak_memory_bytes == pytest.approx(400.0 * MIB)  # rank 1's max allocated
+    assert m.extra["megatron_tflops_per_gpu"] == 0.5
+    command = (plan.directory / "command.sh").read_text()
+    assert "pretrain_gpt.sh" in command and f"MEGATRON_LM={megatron_lm}" in command
+    steps = [
+        json.loads(line) for line in (plan.directory / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [s["step"] for s in steps if s["event"] == "step"] == [1, 2, 3, 4, 5]
+    assert steps[-1]["event"] == "result" and steps[-1]["status"] == "ok"
+
+    nan = LocalRunner(steps=5, warmup=2, megatron_lm=megatron_lm, env={"FAKE_NAN": "1"})
+    failed = nan.run(TrialPlan(cfg, Layout(dp=2, mbs=4, gas=1), 1, tmp_path / "nan"))
+    assert failed.status == "nan" and "found NaN" in failed.reason
+    assert leftovers(tmp_path) == []

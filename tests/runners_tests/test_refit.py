@@ -1,0 +1,71 @@
+"""refit_study: prediction error before and after fitting, re-ranking, memory flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.constants import constants_for
+from autotune.inputs import load_config
+from autotune.layout import Layout
+from autotune.memory import usable_gpu_bytes
+from autotune.refit import refit_study
+from autotune.runners.simulate import SimulateRunner
+from autotune.search import TuneOptions
+from autotune.search import tune
+from autotune.space import load_space
+
+CFG = load_config("llama3-8b", "dgx-h100:4")
+SPACE = load_space(None, "megatron")
+
+
+def test_fit_lowers_the_error_and_reranks_untried_layouts(tmp_path: Path) -> None:
+    # the 'cluster' runs with constants the model does not know (seeded perturbation)
+    runner = SimulateRunner(noise=0.3, seed=5)
+    options = TuneOptions(out_dir=tmp_path, trials=8, storage="memory", render=False)
+    result = tune(CFG, SPACE, runner, options)
+
+    report = refit_study(CFG, result.records, space=SPACE)
+
+    errors = report.error_stats()
+    assert report.fitted and len(report.trials) == 8
+    assert errors["median_abs_error_before"] > 0.05
+    assert errors["median_abs_error_after"] < errors["median_abs_error_before"]
+    tried = {r["layout_id"] for r in result.records if r.get("ran")}
+    assert report.untried and not {c.layout.id for c in report.untried} & tried
+    steps = [c.fitted_step_s for c in report.untried]
+    assert steps == sorted(steps)
+    assert report.failures == {"ok": 8}
+    text = report.table()
+    assert "fitted constants: gemm_efficiency" in text and "after" in text
+    assert report.to_dict()["errors"] == errors
+
+
+def test_memory_mismatches_are_flagged() -> None:
+    usable = usable_gpu_bytes(CFG, constants_for(CFG.cluster.gpu))
+    layout = Layout(tp=8, pp=4, dp=1, zero=1, mbs=1, gas=128)
+
+    def record(number: int, status: str, predicted_peak: float) -> dict:
+        return {
+            "number": number,
+            "status": status,
+            "ran": True,
+            "layout": layout.text,
+            "layout_id": layout.id,
+            "layout_fields": layout.to_dict(),
+            "predicted": {"peak_memory_bytes": predicted_peak},
+        }
+
+    records = [
+        record(0, "oom", 0.5 * usable),
+        record(1, "ok", 2.0 * usable),
+        record(2, "ok", 0.5 * usable),
+        record(3, "oom", 2.0 * usable),
+    ]
+
+    report = refit_study(CFG, records, space=SPACE)
+
+    flags = {f.number: f.message for f in report.memory_flags}
+    assert set(flags) == {0, 1}
+    assert flags[0].startswith("predicted to fit") and "ran out of memory" in flags[0]
+    assert flags[1].startswith("predicted not to fit") and flags[1].endswith("but ran")
+    assert not report.fitted and report.after == report.before  # no measured step times
