@@ -9,17 +9,27 @@ The record contract (one JSON object per line on rank 0's stdout, also appended 
   ``{"event": "summary", "status", "reason", "world_size"}`` for a run that never trained.
 
 ``autotune.runners.local`` parses these lines; ``autotune.runners.failures`` maps the exit codes.
+A run refused before it trained exits non-zero on rank 0 only (`Reporter.fail`), a rank that
+fails alone with its own code (`Reporter.rank_failed`); `exit_now` ends the process.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
+import os
 import resource
 import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from typing import NoReturn
+from typing import Protocol
 
 import torch
 
@@ -35,6 +45,39 @@ INJECTIONS = ("nan", "hang", "oom")
 INJECT_STEP = 2
 """Step at which an injected failure happens."""
 _OOM_MARKERS = ("out of memory", "can't allocate memory")
+
+
+class StepPlan(Protocol):
+    """What the training loop reads of a workload's plan."""
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def warmup(self) -> int: ...
+
+    @property
+    def tokens_per_step(self) -> int: ...
+
+
+def workload_parser(prog: str) -> argparse.ArgumentParser:
+    """A parser of the arguments every workload takes; the workload adds its own.
+
+    ``--model``, ``--layout``, ``--seq``, ``--steps``, ``--warmup``, ``--metrics``, ``--inject``.
+    """
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--model", required=True, help="preset name, YAML or HF config.json")
+    parser.add_argument("--layout", required=True, type=Path, help="layout.json of the trial")
+    parser.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps, warm-up included")
+    parser.add_argument("--warmup", type=int, default=2, help="steps left out of the summary")
+    parser.add_argument("--metrics", type=Path, help="JSONL file the records are appended to")
+    parser.add_argument("--inject", choices=INJECTIONS,
+                        help=f"provoke a failure at step {INJECT_STEP}")
+    return parser
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -102,7 +145,11 @@ def summary_record(
     warmup: int,
     layout: Layout,
 ) -> dict[str, Any]:
-    """The final record of a run that trained (status ok or nan)."""
+    """The final record of a run that trained (status ok or nan).
+
+    ``times_s`` holds the measured (non-warm-up) step times; ``steps`` counts the steps that
+    ran, warm-up included (fewer than asked when a NaN loss ended the run).
+    """
     median = statistics.median(times_s) if times_s else None
     return {
         "event": "summary", "status": status, "median_step_time_s": median,
@@ -130,9 +177,77 @@ class Reporter:
                 handle.write(line + "\n")
 
     def fail(self, status: str, reason: str, world: int) -> int:
-        """Emit the summary of a run that never trained; returns its exit code."""
+        """Summarise a run refused before it started (every rank decides alike); the exit code.
+
+        Only rank 0 exits with the status's code, the others with 0: a launcher kills the other
+        workers as soon as one fails, so a peer failing first could kill rank 0 before it printed
+        the summary.
+        """
         self.emit({"event": "summary", "status": status, "reason": reason, "world_size": world})
+        return EXIT_CODES[status] if self.rank == 0 else 0
+
+    def rank_failed(self, status: str, error: BaseException, world: int) -> int:
+        """Report a failure of this rank alone (with its traceback); returns the exit code.
+
+        Every rank that fails prints its own summary, with a ``rank`` field, and exits with the
+        status's code. Peers may differ or wait in a collective: the caller must not tear down.
+        """
+        traceback.print_exc()
+        record = {"event": "summary", "status": status, "reason": str(error)[:500],
+                  "rank": self.rank, "world_size": world}
+        self.emit(record, any_rank=True)
         return EXIT_CODES[status]
+
+    def finish(self, summary: dict[str, Any], teardown: Callable[[], None]) -> int:
+        """Emit the summary of a run that trained, tear down, and return its exit code."""
+        self.emit(summary)
+        teardown()
+        return EXIT_CODES[summary["status"]]
+
+
+def inject_failure(kind: str | None, step: int, device: torch.device) -> bool:
+    """Provoke the failure ``--inject`` asked for at INJECT_STEP.
+
+    ``hang`` sleeps forever and ``oom`` allocates more than any memory (the allocator raises its
+    real out-of-memory error); True means ``nan``: the caller must make the loss NaN.
+    """
+    if kind is None or step != INJECT_STEP:
+        return False
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+    elif kind == "oom":
+        torch.empty(1 << 62, dtype=torch.uint8, device=device)
+    return kind == "nan"
+
+
+def train_loop(
+    plan: StepPlan,
+    reporter: Reporter,
+    device: torch.device,
+    timed_step: Callable[[int], tuple[float, float]],
+) -> dict[str, Any]:
+    """Run the steps, emit one record per step, and return the summary record.
+
+    ``timed_step(step)`` runs one optimizer step and returns its time in seconds and the loss of
+    the global batch (the same on every rank). A NaN loss ends the run with status nan.
+    """
+    times_s: list[float] = []
+    peak, loss = 0, math.nan
+    status, steps = "ok", plan.steps
+    for step in range(plan.steps):
+        step_time_s, loss = timed_step(step)
+        peak = max_over_ranks(peak_memory_bytes(), device)
+        warmup = step < plan.warmup
+        reporter.emit(step_record(step, step_time_s, plan.tokens_per_step, loss, peak, warmup))
+        if not math.isfinite(loss):
+            status, steps = "nan", step + 1
+            break
+        if not warmup:
+            times_s.append(step_time_s)
+    return summary_record(status, times_s, plan.tokens_per_step, peak, loss,
+                          world=plan.layout.world_size, steps=steps, warmup=plan.warmup,
+                          layout=plan.layout)
 
 
 def is_oom(error: BaseException) -> bool:
@@ -158,3 +273,15 @@ def teardown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def exit_now(code: int) -> NoReturn:
+    """Flush stdout and stderr, then leave with ``code`` without interpreter teardown.
+
+    After the process group is destroyed, C++ destructors of gloo / DeepSpeed comm threads at
+    interpreter exit occasionally abort ("terminate called without an active exception",
+    SIGABRT) although the run finished; ``os._exit`` skips them.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

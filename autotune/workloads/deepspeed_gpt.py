@@ -30,11 +30,8 @@ import dataclasses
 import json
 import math
 import os
-import resource
-import statistics
 import sys
 import time
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,17 +46,17 @@ from autotune.exceptions import AutotuneError
 from autotune.inputs import load_model
 from autotune.layout import Layout
 from autotune.specs import ModelSpec
-
-EXIT_CODES = {"ok": 0, "bad_input": 2, "nan": 3, "oom": 4, "rejected": 5}
-"""Process exit code per summary status."""
-SEED = 1234
-"""Seed of the weights and of the synthetic token stream."""
-INJECTIONS = ("nan", "hang", "oom")
-"""Failures ``--inject`` can provoke, to test how runners classify them."""
-INJECT_STEP = 2
-"""Step at which an injected failure happens."""
-_OOM_MARKERS = ("out of memory", "can't allocate memory")
-
+from autotune.workloads.common import EXIT_CODES as EXIT_CODES  # re-export: runners read it
+from autotune.workloads.common import SEED
+from autotune.workloads.common import Reporter
+from autotune.workloads.common import exit_now
+from autotune.workloads.common import inject_failure
+from autotune.workloads.common import is_oom
+from autotune.workloads.common import read_json
+from autotune.workloads.common import read_layout
+from autotune.workloads.common import teardown
+from autotune.workloads.common import train_loop
+from autotune.workloads.common import workload_parser
 
 # --- inputs ----------------------------------------------------------------------------------
 
@@ -93,15 +90,8 @@ class Plan:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Read the command line; launcher arguments such as ``--local_rank`` are ignored."""
-    parser = argparse.ArgumentParser(prog="python -m autotune.workloads.deepspeed_gpt")
-    parser.add_argument("--model", required=True, help="preset name, YAML or HF config.json")
+    parser = workload_parser("python -m autotune.workloads.deepspeed_gpt")
     parser.add_argument("--ds-config", required=True, type=Path, help="rendered ds_config.json")
-    parser.add_argument("--layout", required=True, type=Path, help="layout.json of the trial")
-    parser.add_argument("--seq", type=int, required=True, help="tokens per sequence")
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps, warm-up included")
-    parser.add_argument("--warmup", type=int, default=2, help="steps left out of the summary")
-    parser.add_argument("--metrics", type=Path, help="JSONL file the records are appended to")
-    parser.add_argument("--inject", choices=INJECTIONS, help="provoke a failure at step 2")
     args, _unknown = parser.parse_known_args(argv)
     if args.seq < 1 or args.warmup < 0 or args.steps <= args.warmup:
         parser.error(
@@ -109,29 +99,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"warmup={args.warmup}, steps={args.steps})"
         )
     return args
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except OSError as error:
-        raise AutotuneError(f"cannot read {path}: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise AutotuneError(f"{path} is not valid JSON: {error}") from None
-    if not isinstance(data, dict):
-        raise AutotuneError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def read_layout(path: Path) -> Layout:
-    """The Layout in layout.json (its fields at the top level or under ``layout``)."""
-    data = _read_json(path)
-    data = data.get("layout", data) if isinstance(data.get("layout"), dict) else data
-    names = {field.name for field in dataclasses.fields(Layout)}
-    try:
-        return Layout(**{key: value for key, value in data.items() if key in names})
-    except TypeError as error:
-        raise AutotuneError(f"{path}: {error}") from None
 
 
 def _offload_of(zero: dict[str, Any]) -> str:
@@ -570,41 +537,6 @@ class SyntheticTokens:
         return (self.batch(step, micro) for micro in range(self.plan.gas))
 
 
-def peak_memory_bytes() -> int:
-    """This rank's peak: allocated CUDA memory on GPU, resident set size (VmHWM) on CPU."""
-    if torch.cuda.is_available():
-        return int(torch.cuda.max_memory_allocated())
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def step_time_spread(times_s: list[float]) -> float:
-    """Relative spread of step times: IQR / median from 4 steps on, else (max - min) / median."""
-    if len(times_s) < 2:
-        return 0.0
-    median = statistics.median(times_s)
-    if len(times_s) >= 4:
-        q1, _, q3 = statistics.quantiles(times_s, n=4, method="inclusive")
-        return (q3 - q1) / median
-    return (max(times_s) - min(times_s)) / median
-
-
-class Reporter:
-    """Writes records as JSON lines to stdout and the metrics file (rank 0 unless forced)."""
-
-    def __init__(self, rank: int, metrics: Path | None) -> None:
-        self.rank, self.metrics = rank, metrics
-
-    def emit(self, record: dict[str, Any], any_rank: bool = False) -> None:
-        """Print one record (only on rank 0 unless ``any_rank``)."""
-        if self.rank != 0 and not any_rank:
-            return
-        line = json.dumps(record)
-        print(line, flush=True)
-        if self.metrics is not None:
-            with self.metrics.open("a") as handle:
-                handle.write(line + "\n")
-
-
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -701,67 +633,20 @@ def _global_loss(trial: Trial, local: torch.Tensor) -> float:
     return float(local) / (lay.tp * lay.dp)
 
 
-def _max_over_ranks(value: int, device: torch.device) -> int:
-    tensor = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
-
-
-def _inject(kind: str | None, step: int, trial: Trial) -> None:
-    """Provoke the requested failure at INJECT_STEP (nan is applied to the loss scale)."""
-    if kind is None or step != INJECT_STEP:
-        return
-    if kind == "nan":
-        trial.loss_fn.scale = math.nan
-    elif kind == "hang":
-        while True:
-            time.sleep(3600)
-    elif kind == "oom":
-        # larger than any memory: the allocator raises its real out-of-memory error
-        torch.empty(1 << 62, dtype=torch.uint8, device=trial.device)
-
-
 def train(trial: Trial, reporter: Reporter, inject: str | None) -> dict[str, Any]:
     """Run the steps, emit one record per step, and return the summary record."""
     from deepspeed.accelerator import get_accelerator
 
-    plan = trial.plan
-    times_s: list[float] = []
-    peak, loss = 0, math.nan
-    for step in range(plan.steps):
-        _inject(inject, step, trial)
+    def timed_step(step: int) -> tuple[float, float]:
+        if inject_failure(inject, step, trial.device):
+            trial.loss_fn.scale = math.nan  # the injected NaN goes into the loss scale
         start = time.perf_counter()
         local = train_step(trial, step)
         get_accelerator().synchronize()
         step_time_s = time.perf_counter() - start
-        loss = _global_loss(trial, local)
-        peak = _max_over_ranks(peak_memory_bytes(), trial.device)
-        warmup = step < plan.warmup
-        reporter.emit({
-            "event": "step", "step": step, "step_time_s": step_time_s,
-            "tokens": plan.tokens_per_step, "tokens_per_s": plan.tokens_per_step / step_time_s,
-            "loss": loss if math.isfinite(loss) else None, "peak_memory_bytes": peak,
-            "warmup": warmup,
-        })
-        if not math.isfinite(loss):
-            return _summary(plan, "nan", times_s, peak, loss, steps=step + 1)
-        if not warmup:
-            times_s.append(step_time_s)
-    return _summary(plan, "ok", times_s, peak, loss, steps=plan.steps)
+        return step_time_s, _global_loss(trial, local)
 
-
-def _summary(
-    plan: Plan, status: str, times_s: list[float], peak: int, loss: float, steps: int
-) -> dict[str, Any]:
-    """The summary record; ``steps`` counts the steps that ran, warm-up included."""
-    median = statistics.median(times_s) if times_s else None
-    return {
-        "event": "summary", "status": status, "median_step_time_s": median,
-        "tokens_per_s": plan.tokens_per_step / median if median else None,
-        "peak_memory_bytes": peak, "step_time_spread": step_time_spread(times_s),
-        "world_size": plan.layout.world_size, "steps": steps, "warmup": plan.warmup,
-        "loss": loss if math.isfinite(loss) else None, "layout": plan.layout.id,
-    }
+    return train_loop(trial.plan, reporter, trial.device, timed_step)
 
 
 def describe_engine(engine: Any) -> dict[str, Any]:
@@ -774,31 +659,6 @@ def describe_engine(engine: Any) -> dict[str, Any]:
     params = sum(int(getattr(p, "ds_numel", p.numel())) for p in engine.module.parameters())
     return {"optimizer": type(optimizer).__name__,
             "zero_stage": int(engine.zero_optimization_stage()), "params_local": params}
-
-
-def _oom_or_raise(error: Exception) -> str:
-    """"oom" for an out-of-memory error (CUDA, host allocator, MemoryError); re-raise others."""
-    if isinstance(error, torch.OutOfMemoryError | MemoryError):
-        return "oom"
-    if any(marker in str(error) for marker in _OOM_MARKERS):
-        return "oom"
-    raise error
-
-
-def _teardown() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def _fail(reporter: Reporter, status: str, reason: str, world: int) -> int:
-    """Summarise a run refused before it started; every rank decides alike.
-
-    Only rank 0 exits with the status's code: a launcher kills the other workers as soon as one
-    fails, so a peer failing first could kill rank 0 before it printed the summary.
-    """
-    reporter.emit({"event": "summary", "status": status, "reason": reason, "world_size": world})
-    return EXIT_CODES[status] if reporter.rank == 0 else 0
 
 
 def _single_process_env() -> None:
@@ -814,15 +674,6 @@ def _single_process_env() -> None:
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
-
-
-def _rank_failed(reporter: Reporter, status: str, error: BaseException, world: int) -> int:
-    """Report a failure of this rank (peers may differ or wait in a collective: no teardown)."""
-    traceback.print_exc()
-    record = {"event": "summary", "status": status, "reason": str(error)[:500],
-              "rank": reporter.rank, "world_size": world}
-    reporter.emit(record, any_rank=True)
-    return EXIT_CODES[status]
 
 
 def _init_distributed() -> None:
@@ -842,30 +693,32 @@ def run(args: argparse.Namespace) -> int:
     reporter = Reporter(rank, args.metrics)
     try:
         spec = load_model(args.model)
-        ds = _read_json(args.ds_config)
+        ds = read_json(args.ds_config)
         plan = make_plan(args, ds, world)
     except AutotuneError as error:
         print(f"error: {error}", file=sys.stderr)
-        return _fail(reporter, "bad_input", str(error), world)
+        return reporter.fail("bad_input", str(error), world)
     reason = rejection(plan, spec)
     if reason is not None:
-        return _fail(reporter, "rejected", reason, world)
+        return reporter.fail("rejected", reason, world)
     _init_distributed()
     try:
         trial = setup(spec, plan, ds)
     except (AssertionError, ValueError, NotImplementedError) as error:
         # what deepspeed.initialize refuses (batch sizes, ZeRO with pipeline, group checks)
-        return _rank_failed(reporter, "rejected", error, world)
+        return reporter.rank_failed("rejected", error, world)
     except Exception as error:
-        return _rank_failed(reporter, _oom_or_raise(error), error, world)
+        if not is_oom(error):
+            raise
+        return reporter.rank_failed("oom", error, world)
     try:
         summary = train(trial, reporter, args.inject)
     except Exception as error:
-        return _rank_failed(reporter, _oom_or_raise(error), error, world)
+        if not is_oom(error):
+            raise
+        return reporter.rank_failed("oom", error, world)
     summary.update(describe_engine(trial.engine))
-    reporter.emit(summary)
-    _teardown()
-    return EXIT_CODES[summary["status"]]
+    return reporter.finish(summary, teardown)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -873,17 +726,5 @@ def main(argv: list[str] | None = None) -> int:
     return run(parse_args(argv))
 
 
-def _exit_now(code: int) -> None:
-    """Flush and leave without interpreter teardown.
-
-    After the process group is destroyed, C++ destructors of gloo / DeepSpeed comm threads at
-    interpreter exit occasionally abort ("terminate called without an active exception",
-    SIGABRT) although the run finished; ``os._exit`` skips them.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _exit_now(main())
+    exit_now(main())  # os._exit: no interpreter teardown after destroy_process_group

@@ -25,7 +25,10 @@ The layers come from ``get_gpt_layer_local_spec`` (no Transformer Engine). Its c
 
 Rank 0 prints one JSON line per step and a summary line (`autotune.workloads.common`). Exit
 codes: 0 ok, 2 bad input, 3 nan, 4 oom, 5 rejected (a combination this workload cannot train,
-and any run without CUDA: megatron-core's GPTModel needs it).
+and any run without CUDA: megatron-core's GPTModel needs it). A run refused before it trained
+exits with its code on rank 0 only (the other ranks exit 0, so that the launcher does not kill
+rank 0 before it prints the summary); a rank that runs out of memory prints its own summary with
+a ``rank`` field and exits 4.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,18 +63,15 @@ from autotune.specs import ClusterSpec
 from autotune.specs import GPUSpec
 from autotune.specs import ModelSpec
 from autotune.specs import TrainSpec
-from autotune.workloads.common import EXIT_CODES
-from autotune.workloads.common import INJECT_STEP
-from autotune.workloads.common import INJECTIONS
 from autotune.workloads.common import SEED
 from autotune.workloads.common import Reporter
+from autotune.workloads.common import exit_now
+from autotune.workloads.common import inject_failure
 from autotune.workloads.common import is_oom
-from autotune.workloads.common import max_over_ranks
-from autotune.workloads.common import peak_memory_bytes
 from autotune.workloads.common import read_layout
-from autotune.workloads.common import step_record
-from autotune.workloads.common import summary_record
 from autotune.workloads.common import teardown
+from autotune.workloads.common import train_loop
+from autotune.workloads.common import workload_parser
 
 ATTENTIONS = ("sdpa", "local")
 """Core attention: torch SDPA (flash, the default) or the local spec's DotProductAttention."""
@@ -108,17 +107,10 @@ class Plan:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Read the command line; launcher arguments such as ``--local_rank`` are ignored."""
-    parser = argparse.ArgumentParser(prog="torchrun -m autotune.workloads.megatron_gpt")
-    parser.add_argument("--model", required=True, help="preset name, YAML or HF config.json")
-    parser.add_argument("--layout", required=True, type=Path, help="layout.json of the trial")
-    parser.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    parser = workload_parser("torchrun -m autotune.workloads.megatron_gpt")
     parser.add_argument("--gbs", type=int, required=True, help="sequences per optimizer step")
     parser.add_argument("--precision", choices=PRECISIONS, default="bf16")
-    parser.add_argument("--steps", type=int, default=6, help="optimizer steps, warm-up included")
-    parser.add_argument("--warmup", type=int, default=2, help="steps left out of the summary")
-    parser.add_argument("--metrics", type=Path, help="JSONL file the records are appended to")
     parser.add_argument("--attention", choices=ATTENTIONS, default="sdpa")
-    parser.add_argument("--inject", choices=INJECTIONS, help="provoke a failure at step 2")
     args, _unknown = parser.parse_known_args(argv)
     if args.seq < 1 or args.gbs < 1 or args.warmup < 0 or args.steps <= args.warmup:
         parser.error(
@@ -468,44 +460,20 @@ def _global_loss(local: torch.Tensor) -> float:
     return float(local[0] / local[1]) if float(local[1]) else math.nan
 
 
-def _inject(kind: str | None, step: int, trial: Trial) -> None:
-    """Provoke the requested failure at INJECT_STEP (nan is applied to the loss)."""
-    if kind is None or step != INJECT_STEP:
-        return
-    if kind == "nan":
-        trial.loss_scale = math.nan
-    elif kind == "hang":
-        while True:
-            time.sleep(3600)
-    elif kind == "oom":
-        torch.empty(1 << 62, dtype=torch.uint8, device=trial.device)
-
-
 def train(trial: Trial, reporter: Reporter, inject: str | None) -> dict[str, Any]:
     """Run the steps, emit one record per step, and return the summary record."""
-    plan = trial.plan
-    world = plan.layout.world_size
-    times_s: list[float] = []
-    peak, loss = 0, math.nan
-    status = "ok"
-    for step in range(plan.steps):
-        _inject(inject, step, trial)
+
+    def timed_step(step: int) -> tuple[float, float]:
+        if inject_failure(inject, step, trial.device):
+            trial.loss_scale = math.nan  # the injected NaN goes into the loss
         torch.cuda.synchronize()
         start = time.perf_counter()
         local = train_step(trial, step)
         torch.cuda.synchronize()
         step_time_s = time.perf_counter() - start
-        loss = _global_loss(local)
-        peak = max_over_ranks(peak_memory_bytes(), trial.device)
-        warmup = step < plan.warmup
-        reporter.emit(step_record(step, step_time_s, plan.tokens_per_step, loss, peak, warmup))
-        if not math.isfinite(loss):
-            status = "nan"
-            break
-        if not warmup:
-            times_s.append(step_time_s)
-    summary = summary_record(status, times_s, plan.tokens_per_step, peak, loss, world=world,
-                             steps=plan.steps, warmup=plan.warmup, layout=plan.layout)
+        return step_time_s, _global_loss(local)
+
+    summary = train_loop(trial.plan, reporter, trial.device, timed_step)
     summary.update(describe(trial))
     return summary
 
@@ -571,14 +539,9 @@ def run(args: argparse.Namespace) -> int:
     except BaseException as error:
         if not is_oom(error):
             raise
-        traceback.print_exc()
-        reporter.emit({"event": "summary", "status": "oom", "reason": str(error)[:500],
-                       "rank": dist.get_rank(), "world_size": world}, any_rank=True)
-        sys.stdout.flush()
-        os._exit(EXIT_CODES["oom"])  # peers may be stuck in a collective: no teardown
-    reporter.emit(summary)
-    _teardown()
-    return EXIT_CODES[summary["status"]]
+        # peers may be stuck in a collective: no teardown
+        exit_now(reporter.rank_failed("oom", error, world))
+    return reporter.finish(summary, _teardown)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -587,4 +550,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # os._exit: no interpreter teardown after destroy_process_group

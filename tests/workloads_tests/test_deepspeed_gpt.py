@@ -26,6 +26,7 @@ from autotune.exceptions import AutotuneError
 from autotune.inputs import load_model
 from autotune.layout import Layout
 from autotune.workloads import WORKLOADS
+from autotune.workloads import common
 from autotune.workloads import deepspeed_gpt
 from autotune.workloads import workload_spec
 
@@ -262,7 +263,7 @@ def test_nan_injection_exits_3(tmp_path: Path) -> None:
     assert trial.returncode == 3, trial.stderr[-3000:]
     assert trial.summary["status"] == "nan"
     assert [r["loss"] is None for r in trial.steps] == [False, False, True]
-    assert trial.summary["steps"] == deepspeed_gpt.INJECT_STEP + 1
+    assert trial.summary["steps"] == common.INJECT_STEP + 1
 
 
 @pytest.mark.slow
@@ -334,9 +335,3 @@ def test_rejected_combinations(tmp_path: Path, fields: dict[str, Any], match: st
 def test_supported_combination_is_not_rejected(tmp_path: Path) -> None:
     plan = _plan(tmp_path, 8, tp=2, zero=3, offload="optimizer+params", recompute="full")
     assert deepspeed_gpt.rejection(plan, load_model("tiny-gpt")) is None
-
-
-def test_step_time_spread() -> None:
-    assert deepspeed_gpt.step_time_spread([1.0]) == 0.0
-    assert deepspeed_gpt.step_time_spread([1.0, 2.0]) == pytest.approx(1 / 1.5)
-    assert deepspeed_gpt.step_time_spread([1.0, 1.0, 2.0, 2.0]) == pytest.approx(1.0 / 1.5)

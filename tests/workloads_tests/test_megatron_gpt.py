@@ -27,6 +27,7 @@ from autotune.space import SearchSpace
 from autotune.space import enumerate_layouts
 from autotune.space import load_space
 from autotune.workloads import megatron_gpt as mg
+from autotune.workloads.common import EXIT_CODES
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_CUDA = not torch.cuda.is_available()
@@ -94,7 +95,7 @@ def test_bad_layout_file_is_bad_input(
     if message is None:  # unknown keys are ignored, as in the DeepSpeed workload
         assert summary["status"] == ("rejected" if NO_CUDA else summary["status"])
         return
-    assert code == mg.EXIT_CODES["bad_input"]
+    assert code == EXIT_CODES["bad_input"]
     assert summary["status"] == "bad_input" and message in summary["reason"]
 
 
@@ -126,6 +127,19 @@ def test_inputs_that_disagree_are_bad_input(
     assert message in summary["reason"]
 
 
+def test_refusal_exits_nonzero_on_rank_0_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1 refuses like rank 0 but exits 0, so a launcher cannot kill rank 0 first."""
+    layout = _layout_file(tmp_path, mbs=1, gas=2)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert mg.main(_argv(layout)) == 0
+    assert capsys.readouterr().out == ""
+    code, summary, _ = _run(monkeypatch, capsys, _argv(layout), world=2)
+    assert code == 2 and summary["status"] == "bad_input"  # layout dp=1 on 2 ranks
+
+
 # --- the CPU path ------------------------------------------------------------------------------
 
 
@@ -136,7 +150,7 @@ def test_without_cuda_the_summary_is_rejected(
     metrics = tmp_path / "metrics.jsonl"
     layout = _layout_file(tmp_path, mbs=1, gas=2, zero=1, recompute="selective")
     code, summary, _ = _run(monkeypatch, capsys, _argv(layout) + ["--metrics", str(metrics)])
-    assert code == mg.EXIT_CODES["rejected"] == 5
+    assert code == EXIT_CODES["rejected"] == 5
     assert summary == {"event": "summary", "status": "rejected", "reason": mg.NO_CUDA,
                        "world_size": 1}
     assert json.loads(metrics.read_text()) == summary
@@ -323,6 +337,29 @@ def test_sdpa_attention_matches_causal_softmax_with_gqa() -> None:
     scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
     expected = torch.einsum("bhqk,kbhd->qbhd", scores.softmax(-1), v_full).reshape(s, b, -1)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_train_glue_without_a_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """train() on the shared loop, the model stubbed: an injected NaN ends the run at its step."""
+    from autotune.workloads import common
+
+    args = mg.parse_args(_argv(_layout_file(tmp_path, mbs=1, gas=2), gbs=2) + ["--warmup", "1"])
+    plan = mg.make_plan(args, 1)
+    trial = mg.Trial(plan, [], None, None, None, torch.device("cpu"), True)  # type: ignore[arg-type]
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(common, "max_over_ranks", lambda value, device: value)
+    monkeypatch.setattr(mg, "train_step",
+                        lambda trial, step: torch.tensor([9.0 * trial.loss_scale, 1.0]))
+    monkeypatch.setattr(mg, "_global_loss", lambda local: float(local[0] / local[1]))
+    monkeypatch.setattr(mg, "describe", lambda trial: {"params_local": 1})
+    summary = mg.train(trial, common.Reporter(0, None), "nan")
+    steps = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["loss"] for r in steps] == [9.0, 9.0, None]
+    assert steps[0]["tokens"] == 2 * 256 and steps[0]["warmup"] and not steps[2]["warmup"]
+    assert (summary["status"], summary["steps"], summary["params_local"]) == ("nan", 3, 1)
+    assert summary["median_step_time_s"] == steps[1]["step_time_s"]  # step 1 alone measured
 
 
 # --- the real run -----------------------------------------------------------------------------

@@ -1,0 +1,118 @@
+"""What both built-in workloads share (`autotune.workloads.common`): records, failures, exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from autotune.layout import Layout
+from autotune.workloads import common
+from autotune.workloads import deepspeed_gpt
+from autotune.workloads import megatron_gpt
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = ("workload_parser", "SEED", "Reporter", "read_layout", "inject_failure", "train_loop",
+          "is_oom", "teardown", "exit_now")
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_both_workloads_use_the_shared_helpers(name: str) -> None:
+    assert getattr(deepspeed_gpt, name) is getattr(common, name)
+    assert getattr(megatron_gpt, name) is getattr(common, name)
+
+
+def test_step_time_spread() -> None:
+    assert common.step_time_spread([1.0]) == 0.0
+    assert common.step_time_spread([1.0, 2.0]) == pytest.approx(1 / 1.5)
+    assert common.step_time_spread([1.0, 1.0, 2.0, 2.0]) == pytest.approx(1.0 / 1.5)
+
+
+def test_summary_counts_the_steps_that_ran() -> None:
+    summary = common.summary_record("nan", [2.0, 4.0], 100, 7, float("nan"), world=2, steps=3,
+                                    warmup=1, layout=Layout(mbs=1, gas=1))
+    assert (summary["status"], summary["steps"], summary["loss"]) == ("nan", 3, None)
+    assert summary["median_step_time_s"] == 3.0
+    assert summary["tokens_per_s"] == pytest.approx(100 / 3)
+
+
+def test_refusal_exits_nonzero_on_rank_0_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every rank refuses alike; only rank 0 prints the summary and exits with its code."""
+    metrics = tmp_path / "metrics.jsonl"
+    assert common.Reporter(1, metrics).fail("rejected", "no", 2) == 0
+    assert capsys.readouterr().out == "" and not metrics.exists()
+    assert common.Reporter(0, metrics).fail("rejected", "no", 2) == common.EXIT_CODES["rejected"]
+    summary = {"event": "summary", "status": "rejected", "reason": "no", "world_size": 2}
+    assert json.loads(capsys.readouterr().out) == json.loads(metrics.read_text()) == summary
+
+
+def test_a_rank_failing_alone_reports_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        raise MemoryError("can't allocate memory")
+    except MemoryError as error:
+        code = common.Reporter(3, None).rank_failed("oom", error, 4)
+    assert code == common.EXIT_CODES["oom"]
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"event": "summary", "status": "oom",
+                                        "reason": "can't allocate memory", "rank": 3,
+                                        "world_size": 4}
+    assert "MemoryError" in captured.err
+
+
+@pytest.mark.parametrize(
+    ("error", "oom"),
+    [
+        (torch.OutOfMemoryError("CUDA out of memory."), True),
+        (MemoryError(), True),
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate"), True),
+        (RuntimeError("CUDA error: out of memory"), True),
+        (ValueError("bad shape"), False),
+    ],
+)
+def test_is_oom(error: BaseException, oom: bool) -> None:
+    assert common.is_oom(error) is oom
+
+
+def test_exit_now_flushes_and_exits_with_the_code() -> None:
+    code = ("import sys\nfrom autotune.workloads.common import exit_now\n"
+            "print('out', end=''); print('err', end='', file=sys.stderr); exit_now(3)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "out", "err")
+
+
+def test_inject_failure() -> None:
+    cpu = torch.device("cpu")
+    assert not common.inject_failure(None, common.INJECT_STEP, cpu)
+    assert not common.inject_failure("nan", common.INJECT_STEP - 1, cpu)
+    assert common.inject_failure("nan", common.INJECT_STEP, cpu)
+    assert not common.inject_failure("oom", common.INJECT_STEP + 1, cpu)
+    with pytest.raises(BaseException) as raised:
+        common.inject_failure("oom", common.INJECT_STEP, cpu)
+    assert common.is_oom(raised.value)
+
+
+def test_train_loop_stops_at_a_nan_loss(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(common, "max_over_ranks", lambda value, device: 5)
+    plan = SimpleNamespace(layout=Layout(mbs=1, gas=2), steps=6, warmup=1, tokens_per_step=10)
+    losses = [9.0, 8.0, 7.0, float("nan"), 6.0]
+    summary = common.train_loop(plan, common.Reporter(0, None), torch.device("cpu"),
+                                lambda step: (float(step + 1), losses[step]))
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert [r["warmup"] for r in records] == [True, False, False, False]
+    assert records[3]["loss"] is None and records[1]["tokens_per_s"] == 5.0
+    assert (summary["status"], summary["steps"], summary["peak_memory_bytes"]) == ("nan", 4, 5)
+    assert summary["median_step_time_s"] == 2.5  # steps 1 and 2; warm-up and the NaN step left out
+    assert (summary["world_size"], summary["layout"]) == (1, plan.layout.id)
