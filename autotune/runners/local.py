@@ -33,6 +33,7 @@ from autotune.flops import model_flops
 from autotune.runners.base import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
+from autotune.runners.base import step_time_spread
 from autotune.runners.failures import classify
 from autotune.runners.megatron_log import MegatronLog
 from autotune.runners.process import ProcessOutcome
@@ -71,17 +72,6 @@ def parse_record(line: str) -> dict[str, Any] | None:
     """The first JSON object of a line (see `parse_records`), or None."""
     records = parse_records(line)
     return records[0] if records else None
-
-
-def spread(times_s: Sequence[float]) -> float:
-    """Relative spread of step times: IQR / median from 4 steps on, else (max - min) / median."""
-    if len(times_s) < 2:
-        return 0.0
-    median = statistics.median(times_s)
-    if len(times_s) >= 4:
-        q1, _, q3 = statistics.quantiles(times_s, n=4, method="inclusive")
-        return (q3 - q1) / median
-    return (max(times_s) - min(times_s)) / median
 
 
 def free_port() -> int:
@@ -475,7 +465,7 @@ class LocalRunner(Runner):
             tflops_per_gpu=tflops,
             mfu=tflops / peak_tflops,
             peak_memory_bytes=peak,
-            step_time_spread=spread(times),
+            step_time_spread=step_time_spread(times),
             log_tail=outcome.tail,
             extra=extra,
         )

@@ -49,8 +49,8 @@ from autotune.flops import model_flops
 from autotune.runners.base import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
+from autotune.runners.base import step_time_spread
 from autotune.runners.failures import classify
-from autotune.runners.local import spread
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ def measured(plan: TrialPlan, steps: Sequence[Mapping[str, Any]]) -> Measurement
     return Measurement(
         "ok", step_time_s=step_s, tokens_per_s=tokens / step_s, tflops_per_gpu=tflops,
         mfu=tflops / cfg.cluster.gpu.peak_tflops[cfg.train.precision],
-        peak_memory_bytes=max(peaks) if peaks else None, step_time_spread=spread(times),
+        peak_memory_bytes=max(peaks) if peaks else None, step_time_spread=step_time_spread(times),
     )
 
 

@@ -35,6 +35,7 @@ import torch
 
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
+from autotune.runners.base import step_time_spread
 
 EXIT_CODES = {"ok": 0, "bad_input": 2, "nan": 3, "oom": 4, "rejected": 5}
 """Process exit code per summary status (`autotune.runners.failures.WORKLOAD_EXIT_CODES`)."""
@@ -109,17 +110,6 @@ def peak_memory_bytes() -> int:
     if torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def step_time_spread(times_s: list[float]) -> float:
-    """Relative spread of step times: IQR / median from 4 steps on, else (max - min) / median."""
-    if len(times_s) < 2:
-        return 0.0
-    median = statistics.median(times_s)
-    if len(times_s) >= 4:
-        q1, _, q3 = statistics.quantiles(times_s, n=4, method="inclusive")
-        return (q3 - q1) / median
-    return (max(times_s) - min(times_s)) / median
 
 
 def step_record(

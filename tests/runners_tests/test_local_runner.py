@@ -11,10 +11,10 @@ from autotune.exceptions import AutotuneError
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.runners.base import TrialPlan
+from autotune.runners.base import step_time_spread as spread
 from autotune.runners.local import LocalRunner
 from autotune.runners.local import parse_record
 from autotune.runners.local import parse_records
-from autotune.runners.local import spread
 
 
 def test_bad_options_are_clear_errors(tmp_path: Path) -> None:
