@@ -32,13 +32,13 @@ from autotune.inputs import load_config
 from autotune.inputs import validation_message
 from autotune.layout import Layout
 from autotune.memory import GIB
+from autotune.refit import refit_study
 from autotune.report import compare as compare_runs
 from autotune.report import write_report
 from autotune.report import write_run_json
 from autotune.rules import violations
-from autotune.runners.base import Runner
-from autotune.runners.command import CommandRunner
-from autotune.runners.simulate import SimulateRunner
+from autotune.runners.factory import RunnerOptions
+from autotune.runners.factory import make_runner
 from autotune.scaling import default_sizes
 from autotune.scaling import sweep
 from autotune.search import TuneOptions
@@ -78,6 +78,9 @@ ProcsOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+StepsOpt = Annotated[
+    int, typer.Option(help="local/slurm runners: steps per trial (warm-up included).")
+]
 
 
 def _config(
@@ -253,45 +256,22 @@ def estimate(
         console.print(f"[red]infeasible[/] {name}: {reason}")
 
 
-RUNNERS = ("simulate", "command", "local", "slurm")
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
-def _make_runner(
-    name: str,
-    *,
-    noise: float,
-    seed: int,
-    command: str | None,
-    timeout: float,
-    resume: bool = False,
-    slurm: dict[str, Any] | None = None,
-) -> Runner:
-    slurm = {k: v for k, v in (slurm or {}).items() if v}
-    if slurm and name != "slurm":
-        flags = ", ".join("--" + k.replace("_", "-") for k in slurm)
-        raise AutotuneError(f"{flags}: only for --runner slurm (got --runner {name})")
-    if name == "slurm":
-        from autotune.runners.slurm import SlurmRunner
-        from autotune.runners.slurm import parse_slurm_opts
-
-        return SlurmRunner(
-            partition=slurm.get("partition"),
-            account=slurm.get("account"),
-            time_limit=slurm.get("time_limit"),
-            options=parse_slurm_opts(slurm.get("slurm_opt") or ()),
-            timeout_s=timeout,
-            reattach=resume,
-        )
-    if name == "simulate":
-        return SimulateRunner(noise=noise, seed=seed)
-    if name == "command":
-        if not command:
-            raise AutotuneError(
-                "--runner command needs --command 'TEMPLATE' (placeholders: "
-                "{layout_json} {ds_config} {megatron_script} {trial_dir} ...)"
-            )
-        return CommandRunner(command, timeout_s=timeout)
-    raise AutotuneError(f"--runner: {name!r} must be one of {', '.join(RUNNERS)}")
+def _recorded_options(runner: str, options: RunnerOptions) -> dict[str, Any]:
+    """The runner settings worth keeping in run.json."""
+    if runner == "simulate":
+        return {"noise": options.noise, "seed": options.seed}
+    if runner == "local":
+        return {"steps": options.steps, "launcher": options.launcher,
+                "megatron_lm": options.megatron_lm, "timeout_s": options.timeout_s}
+    if runner == "slurm":
+        return options.explicit_slurm()
+    return {"command": options.command} if runner == "command" else {}
 
 
 def _records_table(title: str, records: list[dict[str, Any]]) -> Table:
@@ -332,7 +312,11 @@ def _records_table(title: str, records: list[dict[str, Any]]) -> Table:
 def tune(
     model: ModelOpt,
     cluster: ClusterOpt,
-    framework: FrameworkOpt = "megatron",
+    framework: Annotated[
+        str | None,
+        typer.Option(help="megatron or deepspeed (default: megatron; deepspeed for local CPU "
+                     "trials without --megatron-lm)."),
+    ] = None,
     space_ref: Annotated[
         str | None, typer.Option("--space", help="Search space YAML or bundled name.")
     ] = None,
@@ -358,6 +342,16 @@ def tune(
         str | None, typer.Option(help="command runner: the command template.")
     ] = None,
     timeout: Annotated[float, typer.Option(help="Per-trial timeout, seconds.")] = 3600.0,
+    steps: StepsOpt = 6,
+    hang_timeout: Annotated[
+        float, typer.Option(help="local runner: seconds without a new step before a hang.")
+    ] = 300.0,
+    launcher: Annotated[
+        str, typer.Option(help="local runner: torchrun or deepspeed.")
+    ] = "torchrun",
+    megatron_lm: Annotated[
+        str | None, typer.Option(help="local runner: a Megatron-LM checkout to run trials with.")
+    ] = None,
     partition: Annotated[
         str | None, typer.Option(help="slurm runner: partition of the trial jobs.")
     ] = None,
@@ -394,23 +388,20 @@ def tune(
     as_json: JsonOpt = False,
 ) -> None:
     """Search layouts with an Optuna study, measure them with a runner, render the winners."""
+    if framework is None:
+        cpu_trials = runner == "local" and cluster == "local" and not megatron_lm
+        framework = "deepspeed" if cpu_trials and not _has_cuda() else "megatron"
     cfg = _config(model, cluster, framework, seq, gbs, precision, processes)
     search_space = load_space(space_ref, cfg.train.framework)
-    slurm_options = {
-        "partition": partition,
-        "account": account,
-        "time_limit": time_limit,
-        "slurm_opt": slurm_opt,
-    }
-    trial_runner = _make_runner(
-        runner,
-        noise=noise,
-        seed=seed,
-        command=command,
-        timeout=timeout,
-        resume=resume,
-        slurm=slurm_options,
+    runner_options = RunnerOptions(
+        timeout_s=timeout, noise=noise, seed=seed, command=command, steps=steps,
+        hang_timeout_s=hang_timeout, launcher=launcher, megatron_lm=megatron_lm,
+        partition=partition, account=account, time_limit=time_limit,
+        slurm_opts=tuple(slurm_opt or ()), resume=resume,
     )
+    trial_runner = make_runner(runner, runner_options)
+    if runner == "local" and jobs > 1:
+        raise AutotuneError("--jobs: local trials share this machine's GPUs or cores; use 1")
     options = TuneOptions(
         out_dir=out,
         trials=trials,
@@ -427,11 +418,7 @@ def tune(
         study_name=study or default_study_name(cfg),
         storage=storage or default_storage_url(out),
         runner=runner,
-        runner_options={"noise": noise, "seed": seed}
-        if runner == "simulate"
-        else {k: v for k, v in slurm_options.items() if v}
-        if runner == "slurm"
-        else {},
+        runner_options=_recorded_options(runner, runner_options),
         options={"trials": trials, "seed": seed, "jobs": jobs, "top_k": top_k},
         command=shlex.join(["autotune", *sys.argv[1:]]),
     )
@@ -469,6 +456,7 @@ def tune(
             cfg, best_layout, _sizes(scale_gpus, cfg, best_layout), scale_mode, trial_runner, out
         )
     reports = write_report(out)
+    refit = refit_study(cfg, result.records, space=search_space) if runner != "simulate" else None
     if as_json:
         print(
             json.dumps(
@@ -479,6 +467,7 @@ def tune(
                     "best": ranked[0] if ranked else None,
                     "top": ranked[1 : top_k + 1],
                     "artifacts": {k: str(v) for k, v in result.artifacts.items()},
+                    "refit": refit.to_dict() if refit and refit.trials else None,
                 },
                 indent=2,
                 default=str,
@@ -498,6 +487,8 @@ def tune(
             f"optuna-dashboard {result.storage}"
         )
     console.print(_records_table("Top layouts (measured and predicted)", ranked[: top_k + 1]))
+    if refit is not None and refit.trials:
+        console.print(refit.table())
     if scaled is not None:
         console.print(_scaling_table(scaled))
     console.print(
@@ -576,6 +567,7 @@ def scale(
     seed: Annotated[int, typer.Option(help="--noise seed.")] = 0,
     command: Annotated[str | None, typer.Option(help="command runner: the template.")] = None,
     timeout: Annotated[float, typer.Option(help="Per-point timeout, seconds.")] = 3600.0,
+    steps: StepsOpt = 6,
     seq: SeqOpt = None,
     gbs: GbsOpt = None,
     precision: PrecisionOpt = None,
@@ -587,7 +579,8 @@ def scale(
         raise AutotuneError(f"--mode: {mode!r} must be weak or strong")
     cfg = _config(model, cluster, framework, seq, gbs, precision, processes)
     parsed = Layout.parse(layout, cfg.world_size, cfg.train.global_batch_size, cfg.train.framework)
-    trial_runner = _make_runner(runner, noise=noise, seed=seed, command=command, timeout=timeout)
+    trial_runner = make_runner(runner, RunnerOptions(timeout_s=timeout, noise=noise, seed=seed,
+                                                     command=command, steps=steps))
     result = sweep(cfg, parsed, _sizes(gpus, cfg, parsed), mode, trial_runner, out)
     written = write_report(out)
     if as_json:

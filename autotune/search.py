@@ -367,6 +367,7 @@ def tune(
     if not len(enumeration):
         raise AutotuneError(no_feasible_message(enumeration))
     options.out_dir.mkdir(parents=True, exist_ok=True)
+    runner.check(cfg)
     sampler = ModelGuidedSampler(
         cfg, space, enumeration.feasible, k, seed=options.seed, explore_every=options.explore_every
     )

@@ -76,8 +76,9 @@ def step_time_spread(times_s: Sequence[float]) -> float:
 
 
 class Runner(abc.ABC):
-    """Runs trials. Lifecycle: `prepare()` once before the first trial, `run(plan)` per trial
-    (possibly from several threads with --jobs), `cleanup()` once at the end, even after errors.
+    """Runs trials. Lifecycle: `check(cfg)` before the study, `prepare()` once before the first
+    trial, `run(plan)` per trial (possibly from several threads with --jobs), `cleanup()` once at
+    the end, even after errors.
 
     `run` never raises for a failed trial: it returns a Measurement whose status names the class
     of failure, so the study goes on. It calls `plan.report` with intermediate throughput and
@@ -87,6 +88,9 @@ class Runner(abc.ABC):
     name: str = "runner"
     needs_artifacts: bool = False
     """True when the runner reads the rendered configs (they are written per trial)."""
+
+    def check(self, cfg: AutotuneConfig) -> None:  # noqa: B027 - optional hook
+        """Raise AutotuneError when this runner cannot run trials of `cfg` (no-op by default)."""
 
     def prepare(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Set up shared resources (no-op by default)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -175,3 +176,17 @@ def test_render_one_layout(tmp_path) -> None:
         ]
     )
     assert code != 0
+
+
+@pytest.mark.slow
+def test_tune_local_runner_trains_for_real(tmp_path) -> None:
+    """The README's real-trial command: DeepSpeed on 2 CPU processes (gloo)."""
+    out = tmp_path / "local"
+    code, text = _invoke(["tune", "-m", "tiny-gpt", "-c", "local", "--runner", "local",
+                          "--trials", "1", "--steps", "3", "--seq", "64", "--gbs", "4",
+                          "--out", str(out), "--json"])
+    assert code == 0, text
+    data = json.loads(text)
+    assert data["best"]["status"] == "ok" and data["best"]["measured_tokens_per_s"] > 0
+    trial_dir = Path(data["best"]["trial_dir"])
+    assert (trial_dir / "metrics.jsonl").exists() and (trial_dir / "ds_config.json").exists()
