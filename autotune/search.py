@@ -95,7 +95,8 @@ class TuneResult:
 def inputs_fingerprint(cfg: AutotuneConfig, space: SearchSpace) -> dict[str, Any]:
     """What defines the study: the inputs and the space, with a short hash."""
     data = {"config": cfg.model_dump(mode="json"), "space": space.model_dump(mode="json")}
-    digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+    same = {"problem": cfg.identity(), "space": data["space"]}
+    digest = hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()[:12]
     return {**data, "hash": digest}
 
 

@@ -195,6 +195,18 @@ class AutotuneConfig(BaseModel):
         """Accelerators used by every layout."""
         return self.cluster.world_size
 
+    def identity(self) -> dict[str, Any]:
+        """What makes two problems the same: model, training, and the cluster's shape and GPU
+        (not throughput figures measured on the spot, as for the local CPU cluster)."""
+        cluster = self.cluster.model_dump(mode="json", exclude={"gpu"})
+        cluster["gpu"] = {"name": self.cluster.gpu.name}
+        if not self.cluster.cpu_processes:
+            cluster["gpu"] = self.cluster.gpu.model_dump(mode="json")
+        else:
+            cluster.pop("host_memory_gb")
+        return {"model": self.model.model_dump(mode="json"), "cluster": cluster,
+                "train": self.train.model_dump(mode="json")}
+
     def padded_vocab(self, tp: Any) -> Any:
         """Vocab as the framework pads it (Megatron: a multiple of 128·tp; tp may be an array)."""
         if self.train.framework != "megatron":

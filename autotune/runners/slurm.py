@@ -531,7 +531,7 @@ class SlurmRunner(Runner):
 
     def fingerprint(self, plan: TrialPlan) -> str:
         """What a job measures: inputs, layout and workload settings (not paths)."""
-        data = {"cfg": plan.cfg.model_dump(mode="json"), "layout": plan.layout.id,
+        data = {"cfg": plan.cfg.identity(), "layout": plan.layout.id,
                 "steps": self.steps, "warmup": self.warmup, "args": self.extra_args}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
