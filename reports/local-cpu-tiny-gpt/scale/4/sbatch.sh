@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-#SBATCH --job-name=autotune-tp1-pp1-dp4-cp1-v1-z1-mb2-rn
+#SBATCH --job-name=autotune-tp1-pp1-dp4-cp1-v1-z0-mb4-rn
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
 #SBATCH --exclusive
 #SBATCH --output=%x-%j.out
 # Slurm job rendered by autotune 0.1.0.
 # Model tiny-gpt on local:1 (4 GPUs = 1 x 4).
-# Layout: tp=1,pp=1,cp=1,vpp=1,zero=1,offload=none,mbs=2,recompute=none,sp=off
+# Layout: tp=1,pp=1,cp=1,vpp=1,zero=0,offload=none,mbs=4,recompute=none,sp=off
 #
 # Submit from the folder that holds the artifacts (or set ARTIFACTS_DIR):
 #   cd <artifacts> && TRAIN_SCRIPT=<your training script> sbatch sbatch.sh [script arguments]

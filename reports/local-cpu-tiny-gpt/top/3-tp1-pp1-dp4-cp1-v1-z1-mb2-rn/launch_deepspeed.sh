@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DeepSpeed launch, rendered by autotune 0.1.0.
 # Model tiny-gpt on local (4 GPUs = 1 x 4).
-# Layout: tp=1,pp=1,cp=1,vpp=1,zero=0,offload=none,mbs=4,recompute=none,sp=off
+# Layout: tp=1,pp=1,cp=1,vpp=1,zero=1,offload=none,mbs=2,recompute=none,sp=off
 #
 # Edit ./hostfile (ssh-reachable hosts), keep this folder on a filesystem every node sees, then:
 #   TRAIN_SCRIPT=<your training script> bash launch_deepspeed.sh [script arguments]
