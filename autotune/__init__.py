@@ -15,6 +15,22 @@ from autotune.specs import TrainSpec
 
 __version__ = "0.1.0"
 
+_LAZY = {  # heavy imports (Optuna, Jinja) load on first use
+    "Runner": "autotune.runners.base",
+    "TuneOptions": "autotune.search",
+    "tune": "autotune.search",
+    "write_artifacts": "autotune.render",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+
+
 __all__ = [
     "AutotuneConfig",
     "AutotuneError",
@@ -22,10 +38,14 @@ __all__ = [
     "Estimate",
     "Layout",
     "ModelSpec",
+    "Runner",
     "SearchSpace",
     "TrainSpec",
+    "TuneOptions",
     "enumerate_layouts",
     "estimate",
     "load_config",
     "load_space",
+    "tune",
+    "write_artifacts",
 ]
