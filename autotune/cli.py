@@ -105,6 +105,12 @@ def _config(
     )
 
 
+def _layout(cfg: AutotuneConfig, text: str) -> tuple[Layout, list[tuple[str, str]]]:
+    """The --layout text as a Layout, with the rules it breaks."""
+    parsed = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, cfg.train.framework)
+    return parsed, violations(cfg, parsed, constants_for(cfg.cluster.gpu))
+
+
 def _gib(value: float) -> str:
     return f"{value / GIB:.1f}"
 
@@ -211,8 +217,7 @@ def estimate(
 ) -> None:
     """Predict memory and step time of one layout, with both breakdowns."""
     cfg = _config(model, cluster, framework, seq, gbs, precision, processes)
-    parsed = Layout.parse(layout, cfg.world_size, cfg.train.global_batch_size, cfg.train.framework)
-    broken = violations(cfg, parsed, constants_for(cfg.cluster.gpu))
+    parsed, broken = _layout(cfg, layout)
     result = estimate_layout(cfg, parsed)
     if as_json:
         print(
@@ -630,8 +635,7 @@ def render(
     from autotune.render import write_artifacts
 
     cfg = _config(model, cluster, framework, seq, gbs, precision, processes)
-    parsed = Layout.parse(layout, cfg.world_size, cfg.train.global_batch_size, cfg.train.framework)
-    broken = violations(cfg, parsed, constants_for(cfg.cluster.gpu))
+    parsed, broken = _layout(cfg, layout)
     if broken:
         raise AutotuneError(
             "the layout breaks rules: " + "; ".join(f"{n}: {r}" for n, r in broken)

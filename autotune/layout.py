@@ -86,6 +86,15 @@ class Layout:
             )
 
     @classmethod
+    def derived(cls, world_size: int, global_batch_size: int, **dims: Any) -> Layout:
+        """A layout from its search dimensions, dp and gas derived (0 where they cannot be:
+        the rules then reject it)."""
+        product = dims.get("tp", 1) * dims.get("pp", 1) * dims.get("cp", 1)
+        dp = world_size // product if world_size % product == 0 else 0
+        gas = global_batch_size // (dims.get("mbs", 1) * dp) if dp else 0
+        return cls(dp=dp, gas=gas, **dims)
+
+    @classmethod
     def parse(cls, text: str, world_size: int, global_batch_size: int, framework: str) -> Layout:
         """Read the CLI form; dp and gas are derived, sp defaults to on when tp>1 for megatron."""
         values: dict[str, str] = {}
@@ -141,16 +150,16 @@ class Layout:
         zero = integer("zero", 1 if framework == "megatron" else 0)
         if zero > 3:
             raise AutotuneError(f"--layout: zero={zero} must be 0, 1, 2 or 3")
-        return cls(
+        return cls.derived(
+            world_size,
+            global_batch_size,
             tp=tp,
             pp=pp,
-            dp=dp,
             cp=cp,
             vpp=integer("vpp", 1),
             zero=zero,
             offload=choice("offload", OFFLOADS, "none"),
             mbs=mbs,
-            gas=global_batch_size // (mbs * dp),
             recompute=choice("recompute", RECOMPUTES, "none"),
             sp=sp in ("on", "true", "1"),
         )

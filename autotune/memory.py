@@ -37,10 +37,6 @@ def deepspeed_bucket_elements(params_per_rank: np.ndarray | int) -> np.ndarray:
     return np.minimum(200_000_000, np.maximum(params_per_rank, 1_000_000))
 
 
-def _microbatches(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
-    return np.maximum(cfg.train.global_batch_size // np.maximum(t.mbs * t.dp, 1), 1)
-
-
 def layer_activation_bytes(
     cfg: AutotuneConfig, t: LayoutTable, traffic: bool = False
 ) -> np.ndarray:
@@ -77,7 +73,7 @@ class _Stage:
 
 def _stages(cfg: AutotuneConfig, t: LayoutTable) -> list[_Stage]:
     split = split_layers(cfg, t.pp, t.vpp)
-    m = _microbatches(cfg, t)
+    m = np.maximum(t.gas, 1)  # micro-batches per step
     interleave = np.where(t.vpp > 1, (t.pp - 1) / t.vpp, 0.0)
     single = t.pp == 1
     first = np.where(single, 1, np.minimum(m, t.pp) + interleave)

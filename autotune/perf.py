@@ -86,7 +86,7 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     gpn = c.gpus_per_node
     peak = c.gpu.peak_tflops[train.precision] * 1e12
     hbm = c.gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
-    micro = np.maximum(train.global_batch_size // np.maximum(t.mbs * t.dp, 1), 1)
+    micro = np.maximum(t.gas, 1)  # micro-batches per step
     s_local = train.seq_length / t.cp
     tokens = t.mbs * s_local  # tokens of one micro-batch on one GPU (before tp splits widths)
     vocab = cfg.padded_vocab(t.tp)

@@ -185,8 +185,7 @@ def _vpp_pp(cfg, t, k):
     ("megatron",),
 )
 def _interleave_m(cfg, t, k):
-    micro = cfg.train.global_batch_size // np.maximum(t.mbs * t.dp, 1)
-    return (t.vpp > 1) & (micro % t.pp != 0)
+    return (t.vpp > 1) & (t.gas % t.pp != 0)
 
 
 @rule(

@@ -55,10 +55,7 @@ def layout_from_params(cfg: AutotuneConfig, space: SearchSpace, params: dict[str
     dp is 0 when tp·pp·cp does not divide the world; the rules then reject the layout.
     """
     values = {dim: params.get(dim, getattr(space, dim)[0]) for dim in SEARCH_DIMS}
-    product = values["tp"] * values["pp"] * values["cp"]
-    dp = cfg.world_size // product if cfg.world_size % product == 0 else 0
-    gas = cfg.train.global_batch_size // (values["mbs"] * dp) if dp else 0
-    return Layout(dp=dp, gas=gas, **values)
+    return Layout.derived(cfg.world_size, cfg.train.global_batch_size, **values)
 
 
 def measured_points(cfg: AutotuneConfig, trials: Sequence[FrozenTrial]) -> list[Measured]:

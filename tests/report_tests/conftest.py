@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 
@@ -19,13 +18,6 @@ from autotune.search import TuneOptions
 from autotune.search import default_study_name
 from autotune.search import tune
 from autotune.space import load_space
-
-EXTERNAL = re.compile(
-    r"""(?:src|href|xlink:href|action|poster|data)\s*=\s*["']?\s*(?:https?:)?//"""
-    r"""|<link\b|<script\b[^>]*\bsrc|@import|url\(\s*["']?(?:https?:)?//""",
-    re.IGNORECASE,
-)
-"""Anything in HTML that would make a browser fetch from the network."""
 
 
 class FlakyRunner(SimulateRunner):

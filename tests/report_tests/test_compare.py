@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import EXTERNAL
+from helpers_report import EXTERNAL
 
 from autotune.inputs import load_config
 from autotune.layout import Layout

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import EXTERNAL
+from helpers_report import EXTERNAL
 
 from autotune.report import examples
 

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import EXTERNAL
+from helpers_report import EXTERNAL
 
 from autotune.exceptions import AutotuneError
 from autotune.inputs import load_config
