@@ -66,6 +66,11 @@ def test_failures_are_classified_and_the_study_completes(
     result = tune(cfg, SPACE, runner, options)
 
     ran = {SCRIPT[r["layout_id"]]: r for r in result.records if r.get("ran")}
+    print("\ntrial  layout                          status    step s  reason")
+    for r in result.records:
+        step = r.get("measured_step_time_s")
+        print(f"{r['number']:<6} {r['layout_id']:<31} {r['status']:<9} "
+              f"{f'{step:.3f}' if step else '-':>6}  {r.get('reason', '')[:60]}")
     assert {action: r["status"] for action, r in ran.items()} == {a: a for a in PLAN}
     assert "NaN" in ran["nan"]["reason"]
     assert "hang timeout (20 s)" in ran["hang"]["reason"]
