@@ -117,8 +117,13 @@ def largest_module_params(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
 
 
 def shard_degree(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
-    """Ranks that ZeRO / the distributed optimizer shard over (Megatron includes cp)."""
-    return t.dp * (t.cp if cfg.train.framework == "megatron" else 1)
+    """Ranks that ZeRO / the distributed optimizer shard over: dp·cp in both frameworks.
+
+    Megatron's distributed optimizer uses the data-parallel group with context parallelism;
+    DeepSpeed's ZeRO optimizers take `dp_process_group=self.seq_data_parallel_group`, the
+    data-parallel group times the Ulysses ranks (deepspeed/runtime/engine.py, 0.19.8).
+    """
+    return t.dp * t.cp
 
 
 def _state_bytes(cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> dict[str, np.ndarray]:

@@ -145,7 +145,7 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     # data parallel / ZeRO communication over dp (·cp for Megatron) ranks
     params = params_on_rank(cfg, t, layers, t.pp == 1, t.pp == 1)
     ranks = shard_degree(cfg, t)
-    per_node = np.maximum(gpn // (t.tp * (1 if train.framework == "megatron" else t.cp)), 1)
+    per_node = np.maximum(gpn // t.tp, 1)  # the dp·cp group's ranks on one node
     grad_bytes = 4 if train.framework == "megatron" else 2
     allreduce = collective_s(grad_bytes * params, ranks, per_node, 2.0, cfg, k)
     scatter = collective_s(grad_bytes * params, ranks, per_node, 1.0, cfg, k)

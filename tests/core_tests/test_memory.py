@@ -147,3 +147,18 @@ def test_interleaving_holds_more_in_flight() -> None:
     a = estimate(cfg, plain, K).memory_parts["activations"]
     b = estimate(cfg, interleaved, K).memory_parts["activations"]
     assert b / a == pytest.approx(1 + 7 / (8 * 4), rel=0.02)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_zero3_with_ulysses_shards_over_dp_times_cp(cp: int) -> None:
+    """Oracle: DeepSpeed's ZeRO-3 estimator at N = dp·cp GPUs. DeepSpeed's engine hands its ZeRO
+    optimizers `dp_process_group=self.seq_data_parallel_group` (deepspeed/runtime/engine.py),
+    the data-parallel ranks times the Ulysses ranks, so states shard over all 8 GPUs here."""
+    cfg = load_config("llama2-7b", "dgx-a100:1", framework="deepspeed", global_batch_size=64)
+    layout = Layout.parse(f"zero=3,cp={cp}", cfg.world_size, 64, "deepspeed")
+    assert layout.dp == 8 // cp
+    largest = int(largest_module_params(cfg, LayoutTable.from_layouts([layout]))[0])
+    _, gpu, _ = estimate_zero3_model_states_mem_needs(
+        cfg.model.num_params(), largest, 8, 1, cpu_offload=False, cpu_offload_params=False
+    )
+    assert _model_states(cfg, layout) == pytest.approx(gpu, rel=0.01)
