@@ -17,6 +17,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from autotune.constants import Constants
+from autotune.frameworks import framework_of
 from autotune.inputs import load_cluster
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
@@ -24,7 +25,6 @@ from autotune.perf import estimate_time
 from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
 from autotune.specs import TrainSpec
-from autotune.stages import split_layers
 
 FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_efficiency": (0.3, 1.0),
@@ -170,7 +170,7 @@ def _row_point(row: dict[str, str]) -> Measured:
         for rc in recompute_options
         for v in vpp_options
     ]
-    legal = split_layers(
+    legal = framework_of(cfg).split_layers(
         cfg, np.array([lay.pp for lay in layouts]), np.array([lay.vpp for lay in layouts])
     ).legal
     layouts = [lay for lay, ok in zip(layouts, legal, strict=True) if ok]

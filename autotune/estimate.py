@@ -9,6 +9,7 @@ from autotune.constants import Constants
 from autotune.constants import constants_for
 from autotune.flops import hardware_flops
 from autotune.flops import model_flops
+from autotune.frameworks import framework_of
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.memory import MEMORY_PARTS
@@ -26,7 +27,7 @@ def evaluate(
     memory = estimate_memory(cfg, table, k)
     time = estimate_time(cfg, table, k)
     train = cfg.train
-    vocab = cfg.padded_vocab(table.tp)
+    vocab = framework_of(cfg).padded_vocab(cfg.model.vocab_size, table.tp)
     flops = model_flops(cfg.model, train.seq_length, train.global_batch_size, vocab)
     hw = hardware_flops(
         cfg.model, train.seq_length, train.global_batch_size, vocab, table.recompute

@@ -40,9 +40,24 @@ class Layout:
     sp: bool = False
 
     @property
+    def model_parallel(self) -> int:
+        """GPUs of one model replica: tp·pp·cp."""
+        return self.tp * self.pp * self.cp
+
+    @property
     def world_size(self) -> int:
         """GPUs the layout occupies."""
-        return self.tp * self.pp * self.cp * self.dp
+        return self.model_parallel * self.dp
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks that ZeRO / the distributed optimizer shard states over: dp·cp."""
+        return self.dp * self.cp
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches each replica runs per optimizer step (gradient accumulation)."""
+        return self.gas
 
     @property
     def global_batch_size(self) -> int:
@@ -90,9 +105,33 @@ class Layout:
         """A layout from its search dimensions, dp and gas derived (0 where they cannot be:
         the rules then reject it)."""
         product = dims.get("tp", 1) * dims.get("pp", 1) * dims.get("cp", 1)
-        dp = world_size // product if world_size % product == 0 else 0
-        gas = global_batch_size // (dims.get("mbs", 1) * dp) if dp else 0
-        return cls(dp=dp, gas=gas, **dims)
+        dp, gas = derive_dp_gas(world_size, global_batch_size, product, dims.get("mbs", 1))
+        return cls(dp=int(dp), gas=int(gas), **dims)
+
+    def resized(self, gpus: int, mode: str, global_batch_size: int) -> Layout:
+        """This layout on `gpus` GPUs: tp, pp, cp and the rest fixed, dp = gpus / (tp·pp·cp).
+
+        `weak` keeps each replica's batch (mbs·gas), so the global batch grows with dp;
+        `strong` keeps `global_batch_size`, so gas shrinks.
+
+        Raises:
+            AutotuneError: the size holds no whole replicas, or (strong) mbs·dp does not
+                divide the global batch.
+        """
+        if gpus % self.model_parallel:
+            raise AutotuneError(
+                f"tp·pp·cp = {self.tp}·{self.pp}·{self.cp} = {self.model_parallel} does not "
+                f"divide {gpus} GPUs"
+            )
+        dp = gpus // self.model_parallel
+        if mode == "weak":
+            return dataclasses.replace(self, dp=dp)
+        if global_batch_size % (self.mbs * dp):
+            raise AutotuneError(
+                f"strong scaling keeps the global batch {global_batch_size}, which mbs·dp = "
+                f"{self.mbs}·{dp} does not divide"
+            )
+        return dataclasses.replace(self, dp=dp, gas=global_batch_size // (self.mbs * dp))
 
     @classmethod
     def parse(cls, text: str, world_size: int, global_batch_size: int, framework: str) -> Layout:
@@ -165,6 +204,14 @@ class Layout:
         )
 
 
+def derive_dp_gas(world_size: int, global_batch_size: int, model_parallel: Any, mbs: Any) -> Any:
+    """(dp, gas) for scalars or numpy arrays: dp = world / (tp·pp·cp) and gas = gbs / (mbs·dp),
+    0 where they do not divide (the rules reject those)."""
+    dp = np.where(world_size % model_parallel == 0, world_size // model_parallel, 0)
+    gas = np.where(dp > 0, global_batch_size // np.maximum(mbs * dp, 1), 0)
+    return dp, gas
+
+
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "zero", "mbs", "gas")
 
 
@@ -189,6 +236,21 @@ class LayoutTable:
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
+
+    @property
+    def model_parallel(self) -> np.ndarray:
+        """GPUs of one model replica: tp·pp·cp."""
+        return self.tp * self.pp * self.cp
+
+    @property
+    def shard_degree(self) -> np.ndarray:
+        """Ranks that ZeRO / the distributed optimizer shard states over: dp·cp."""
+        return self.dp * self.cp
+
+    @property
+    def micro_batches(self) -> np.ndarray:
+        """Micro-batches each replica runs per optimizer step (at least 1)."""
+        return np.maximum(self.gas, 1)
 
     @classmethod
     def from_layouts(cls, layouts: Iterable[Layout]) -> LayoutTable:

@@ -1,9 +1,8 @@
 """Peak memory per GPU (the most loaded rank), as named parts, for many layouts at once.
 
-Model states follow DeepSpeed's estimators (`estimate_zero2/3_model_states_mem_needs`: 2 B of
-16-bit weights plus 18 B/param of 16-bit and fp32 gradients, fp32 master weights and Adam moments)
-and Megatron-LM's `theoretical_memory_usage` (18 B/param, 6 + 12/d with the distributed
-optimizer). Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Model states, their sharding and communication buffers are the framework's
+(`autotune.frameworks`: DeepSpeed's estimators, Megatron-LM's `theoretical_memory_usage`).
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models", §4): per layer s·b·h·(10 + 24/t) bytes plus 5·a·s²·b/t for the attention
 scores, generalised here to GQA and SwiGLU; sequence parallelism divides the replicated 10·sbh
 by t;
@@ -19,22 +18,15 @@ import dataclasses
 import numpy as np
 
 from autotune.constants import Constants
+from autotune.frameworks import framework_of
 from autotune.layout import LayoutTable
+from autotune.sharding import largest_module_params
+from autotune.sharding import params_on_rank
 from autotune.specs import AutotuneConfig
-from autotune.stages import split_layers
 
 GIB = 1024**3
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "runtime")
 """Named parts of the per-GPU memory estimate, in report order."""
-
-
-ZERO3_PREFETCH_FRACTION = 0.25
-"""ZeRO-3 prefetch bucket as a fraction of the reduce bucket (rendered and counted alike)."""
-
-
-def deepspeed_bucket_elements(params_per_rank: np.ndarray | int) -> np.ndarray:
-    """ZeRO reduce/all-gather bucket size in elements (what the rendered ds_config.json uses)."""
-    return np.minimum(200_000_000, np.maximum(params_per_rank, 1_000_000))
 
 
 def layer_activation_bytes(
@@ -72,8 +64,8 @@ class _Stage:
 
 
 def _stages(cfg: AutotuneConfig, t: LayoutTable) -> list[_Stage]:
-    split = split_layers(cfg, t.pp, t.vpp)
-    m = np.maximum(t.gas, 1)  # micro-batches per step
+    split = framework_of(cfg).split_layers(cfg, t.pp, t.vpp)
+    m = t.micro_batches
     interleave = np.where(t.vpp > 1, (t.pp - 1) / t.vpp, 0.0)
     single = t.pp == 1
     first = np.where(single, 1, np.minimum(m, t.pp) + interleave)
@@ -84,86 +76,6 @@ def _stages(cfg: AutotuneConfig, t: LayoutTable) -> list[_Stage]:
         _Stage(np.where(t.pp > 2, split.middle, 0), middle, False, False),
         _Stage(np.where(single, split.first, split.last), last, False, True),
     ]
-
-
-def params_on_rank(
-    cfg: AutotuneConfig,
-    t: LayoutTable,
-    layers: np.ndarray,
-    embedding: np.ndarray,
-    output: np.ndarray,
-) -> np.ndarray:
-    """Parameters held (before ZeRO sharding) by one tensor-parallel rank of a stage."""
-    m = cfg.model
-    vocab = cfg.padded_vocab(t.tp)
-    norms = 2 * m.hidden_size * m.norm_factor
-    sharded = (m.layer_params() - norms) / t.tp
-    table = m.hidden_size * vocab / t.tp
-    # a tied output layer still needs its own copy of the embedding on the last stage when pp > 1
-    has_output_weight = output & ((~embedding) | (not m.tied_embeddings))
-    return (
-        layers * (sharded + norms)
-        + embedding * table
-        + has_output_weight * table
-        + output * m.hidden_size * m.norm_factor
-    )
-
-
-def largest_module_params(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
-    """Parameters of the largest single module on a rank (what ZeRO-3 gathers at once)."""
-    m = cfg.model
-    mlp = m.hidden_size * m.ffn * (2 if m.gated else 1)
-    return np.maximum(m.hidden_size * cfg.padded_vocab(t.tp), mlp) / t.tp
-
-
-def shard_degree(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
-    """Ranks that ZeRO / the distributed optimizer shard over: dp·cp in both frameworks.
-
-    Megatron's distributed optimizer uses the data-parallel group with context parallelism;
-    DeepSpeed's ZeRO optimizers take `dp_process_group=self.seq_data_parallel_group`, the
-    data-parallel group times the Ulysses ranks (deepspeed/runtime/engine.py, 0.19.8).
-    """
-    return t.dp * t.cp
-
-
-def _state_bytes(cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> dict[str, np.ndarray]:
-    """Weights, gradients, optimizer states on the GPU and optimizer-side bytes on the host."""
-    n = shard_degree(cfg, t)
-    z, off = t.zero, t.offload
-    gathered = largest_module_params(cfg, t)
-    if cfg.train.framework == "deepspeed":
-        # 16-bit weights; 16-bit grads + fp32 grad partition; fp32 master + Adam m, v (12 B)
-        weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
-        grads = np.select(
-            [z == 0, z == 1, z == 2],
-            [6 * params, 2 * params + 4 * params / n, 6 * params / n],
-            4 * params / n + 2 * gathered,
-        )
-        optimizer = np.where(z == 0, 12 * params, 12 * params / n)
-        weights = np.where(off == 2, 2 * gathered, weights)
-        offloaded = off >= 1
-        grads = np.where(offloaded, np.where(z >= 3, 2 * gathered, 0.0), grads)
-        optimizer = np.where(offloaded, 0.0, optimizer)
-        host = offloaded * 16 * params / n + (off == 2) * 2 * params / n
-    else:
-        # Megatron: fp32 main grads (4 B); 0 DDP, 1 distributed optimizer, 2/3 Megatron-FSDP
-        weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
-        grads = np.where(z >= 2, 4 * params / n + 4 * (z >= 3) * gathered, 4 * params)
-        optimizer = np.where(z >= 1, 12 * params / n, 12 * params)
-        offloaded = off >= 1
-        optimizer = np.where(offloaded, 0.0, optimizer)
-        host = offloaded * 12 * params / n
-    return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
-
-
-def _buffers(cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> np.ndarray:
-    """Communication buffers the framework allocates beyond the model states."""
-    if cfg.train.framework != "deepspeed":
-        return np.zeros(len(t))
-    bucket = deepspeed_bucket_elements(params)
-    # overlap_comm double-buffers the reduce bucket; ZeRO-3 adds a prefetch bucket
-    reduce = np.where(t.zero >= 1, 2 * 2 * bucket, 0.0)
-    return reduce + np.where(t.zero >= 3, 2 * ZERO3_PREFETCH_FRACTION * bucket, 0.0)
 
 
 def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str, np.ndarray]:
@@ -177,14 +89,16 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[s
     full = t.recompute == 2
     stored_per_layer = np.where(full, _layer_input_bytes(cfg, t), per_layer)
     s = cfg.train.seq_length / t.cp
-    vocab = cfg.padded_vocab(t.tp)
+    framework = framework_of(cfg)
+    vocab = framework.padded_vocab(m.vocab_size, t.tp)
+    gathered = largest_module_params(m, t, vocab)
     candidates = []
     for stage in _stages(cfg, t):
         present = stage.layers > 0
         embedding = np.full(len(t), stage.embedding) | ((t.pp == 1) & stage.output)
         output = np.full(len(t), stage.output)
-        params = params_on_rank(cfg, t, stage.layers, embedding, output)
-        states = _state_bytes(cfg, t, params)
+        params = params_on_rank(m, t, vocab, stage.layers, embedding, output)
+        states = framework.state_bytes(cfg, t, params, gathered)
         activations = stage.layers * stage.in_flight * stored_per_layer
         activations = activations + full * per_layer  # one layer re-materialised at a time
         activations = (
@@ -198,7 +112,7 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[s
             "optimizer": states["optimizer"],
             "activations": activations,
             "logits": logits,
-            "buffers": _buffers(cfg, t, params),
+            "buffers": framework.buffer_bytes(cfg, t, params),
             "runtime": np.full(len(t), k.runtime_memory_gib * GIB),
         }
         total = sum(parts.values())

@@ -19,12 +19,11 @@ from autotune.flops import attention_flops_per_token_per_layer
 from autotune.flops import dense_flops_per_token_per_layer
 from autotune.flops import logits_flops_per_token
 from autotune.flops import recompute_flops_fraction
+from autotune.frameworks import framework_of
 from autotune.layout import LayoutTable
 from autotune.memory import layer_activation_bytes
-from autotune.memory import params_on_rank
-from autotune.memory import shard_degree
+from autotune.sharding import params_on_rank
 from autotune.specs import AutotuneConfig
-from autotune.stages import split_layers
 
 TIME_PARTS = (
     "compute",
@@ -86,11 +85,12 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     gpn = c.gpus_per_node
     peak = c.gpu.peak_tflops[train.precision] * 1e12
     hbm = c.gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
-    micro = np.maximum(t.gas, 1)  # micro-batches per step
+    framework = framework_of(cfg)
+    micro = t.micro_batches
     s_local = train.seq_length / t.cp
     tokens = t.mbs * s_local  # tokens of one micro-batch on one GPU (before tp splits widths)
-    vocab = cfg.padded_vocab(t.tp)
-    split = split_layers(cfg, t.pp, t.vpp)
+    vocab = framework.padded_vocab(m.vocab_size, t.tp)
+    split = framework.split_layers(cfg, t.pp, t.vpp)
     layers = split.most
 
     # compute of one micro-batch on the slowest stage
@@ -126,7 +126,7 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     )
     cp_link = _link_gb_s(cfg, t.tp * t.cp > gpn) * k.comm_efficiency
     attn_s = tokens * attention / t.tp / (peak * eff)
-    if train.framework == "megatron":  # ring: (cp-1) K/V passes forward, twice that backward
+    if framework.context_parallel == "ring":  # (cp-1) K/V passes forward, twice that backward
         ring = 3 * (t.cp - 1) * kv_bytes / cp_link
         cp_mb = layers * np.maximum(ring - attn_s, 0.0)
     else:  # Ulysses: all-to-all of q, k, v and output, forward and backward
@@ -143,15 +143,15 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     p2p = np.where(t.pp > 1, 2 * micro * t.vpp * (p2p_bytes / p2p_link + k.latency_inter_s), 0.0)
 
     # data parallel / ZeRO communication over dp (·cp for Megatron) ranks
-    params = params_on_rank(cfg, t, layers, t.pp == 1, t.pp == 1)
-    ranks = shard_degree(cfg, t)
+    params = params_on_rank(m, t, vocab, layers, t.pp == 1, t.pp == 1)
+    ranks = t.shard_degree
     per_node = np.maximum(gpn // t.tp, 1)  # the dp·cp group's ranks on one node
-    grad_bytes = 4 if train.framework == "megatron" else 2
+    grad_bytes = framework.grad_reduce_bytes(cfg)
     allreduce = collective_s(grad_bytes * params, ranks, per_node, 2.0, cfg, k)
     scatter = collective_s(grad_bytes * params, ranks, per_node, 1.0, cfg, k)
     gather = collective_s(2 * params, ranks, per_node, 1.0, cfg, k)
     hide = k.overlap_fraction * backward_mb if train.overlap_grad_reduce else 0.0
-    if train.framework == "deepspeed":
+    if framework.zero2_reduces_every_microbatch:
         per_micro = np.where(t.zero == 2, np.maximum(scatter - hide, 0) * (micro - 1), 0.0)
     else:
         per_micro = np.zeros(len(t))

@@ -1,11 +1,10 @@
-"""Render one layout into ready-to-run artifacts: ds_config.json, launch scripts, sbatch, manifest.
+"""Render one layout into ready-to-run artifacts, plus layout.json and manifest.json.
 
-Only this module touches templates (`templates/deepspeed`, `templates/megatron`,
-`templates/slurm`). Every string that reaches a shell goes through the `shquote` filter
-(`shlex.quote`), numbers through `int`, and comment text through `comment` (one line), so a model
-path with spaces or `$(...)` stays inert. Keys of ds_config.json are the ones DeepSpeed 0.19 reads
-(`deepspeed/runtime/config.py`, `runtime/zero/config.py`, `runtime/precision_config.py`,
-`runtime/tensor_parallel/config.py`; unknown top-level keys would be ignored silently).
+The framework's bundle (`autotune.frameworks`) says which artifacts a layout gets and fills
+their templates through `autotune.templating`, the one module that reads `templates/`; this module
+checks the layout against the rules first, writes the files and the manifest (inputs, layout,
+predicted breakdowns, measured figures, library versions, how to launch each script), and renders
+the Slurm job script of one trial.
 
 Example:
     >>> from autotune import Layout, load_config
@@ -21,37 +20,30 @@ import dataclasses
 import importlib.metadata
 import json
 import os
-import re
-import shlex
 from collections.abc import Mapping
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import numpy as np
 
 from autotune.estimate import Estimate
 from autotune.estimate import estimate as estimate_layout
 from autotune.exceptions import AutotuneError
+from autotune.frameworks import framework_of
+from autotune.frameworks.base import RenderOptions
+from autotune.frameworks.deepspeed import TrainProgram
+from autotune.frameworks.deepspeed import config as deepspeed_config
+from autotune.frameworks.deepspeed import hostfile
+from autotune.frameworks.megatron import launch_script as megatron_launch_script
+from autotune.frameworks.megatron_args import megatron_args
 from autotune.layout import Layout
-from autotune.layout import LayoutTable
-from autotune.megatron_config import ADAM_BETAS
-from autotune.megatron_config import ADAM_EPS
-from autotune.megatron_config import CLIP_GRAD
-from autotune.megatron_config import LEARNING_RATE
-from autotune.megatron_config import WEIGHT_DECAY
-from autotune.megatron_config import fsdp
-from autotune.megatron_config import megatron_args
-from autotune.megatron_config import needs_single_connection
-from autotune.megatron_config import pipeline_split
-from autotune.memory import ZERO3_PREFETCH_FRACTION
-from autotune.memory import deepspeed_bucket_elements
-from autotune.memory import params_on_rank
-from autotune.resources import resource_dir
+from autotune.rules import structural_violations
 from autotune.specs import AutotuneConfig
-from autotune.stages import split_layers
+from autotune.templating import flag_lines
+from autotune.templating import render_template
+from autotune.templating import sbatch_directives
+from autotune.templating import version
 
 __all__ = [
     "TrainProgram",
@@ -67,231 +59,13 @@ __all__ = [
 
 LIBRARIES = ("torch", "deepspeed", "megatron-core", "optuna")
 """Distributions whose versions the manifest records."""
-SCRIPTS = ("pretrain_gpt.sh", "launch_deepspeed.sh", "sbatch.sh")
-"""Artifacts written executable."""
-MASTER_PORT = 6000
-"""Default rendezvous port of the rendered scripts (the environment's MASTER_PORT wins)."""
-_SBATCH_VALUE = re.compile(r"[A-Za-z0-9._:+,=@/%-]+")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TrainProgram:
-    """The DeepSpeed training program the launch scripts run (the user's script by default).
-
-    The scripts run `script` (or `python -m script` when `module`), then `args`, then
-    `config_flag DIR/ds_config.json` and, when `layout_flag` is set, `layout_flag DIR/layout.json`,
-    then whatever the script itself was given. The environment variable TRAIN_SCRIPT overrides
-    `script` at run time.
-    """
-
-    script: str = "train.py"
-    """Path of the training script (or a module name with `module`)."""
-    module: bool = False
-    """Run `script` as a Python module (`--module` for torchrun and the deepspeed launcher)."""
-    args: tuple[str, ...] = ()
-    """Arguments before the config flag."""
-    config_flag: str = "--deepspeed_config"
-    """Flag that names ds_config.json (`deepspeed.add_config_arguments` reads this one)."""
-    layout_flag: str | None = None
-    """Flag that names layout.json, for programs that read it (the built-in trial workload)."""
-
-
-def _comment(value: object) -> str:
-    """Text safe inside a `#` comment: control characters (newlines) become spaces."""
-    return re.sub(r"[\x00-\x1f\x7f]", " ", str(value))
-
-
-@cache
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(resource_dir("templates")),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["shquote"] = lambda value: shlex.quote(str(value))
-    env.filters["comment"] = _comment
-    return env
-
-
-def _render(template: str, **context: Any) -> str:
-    return _environment().get_template(template).render(**context)
-
-
-def _version() -> str:
-    from autotune import __version__
-
-    return __version__
-
-
-def _header(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
-    """Values every template shows or checks."""
-    return {
-        "version": _version(),
-        "model_name": cfg.model.name,
-        "cluster_name": cfg.cluster.name,
-        "layout_text": layout.text,
-        "world_size": cfg.world_size,
-        "nodes": cfg.cluster.nodes,
-        "gpus_per_node": cfg.cluster.gpus_per_node,
-        "master_port": MASTER_PORT,
-    }
-
-
-# --- DeepSpeed ---------------------------------------------------------------------------------
-
-
-def _params_per_rank(cfg: AutotuneConfig, layout: Layout) -> int:
-    """Parameters on the most loaded rank before ZeRO sharding (first or last stage)."""
-    table = LayoutTable.from_layouts([layout])
-    split = split_layers(cfg, table.pp, table.vpp)
-    single = np.array([layout.pp == 1])
-    first = params_on_rank(cfg, table, split.first, np.array([True]), single)
-    last = params_on_rank(cfg, table, split.last, single, np.array([True]))
-    return int(max(first[0], last[0]))
-
-
-def _deepspeed_context(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
-    if layout.vpp > 1 or layout.sp:
-        raise AutotuneError(
-            f"deepspeed: layout {layout.text} uses vpp>1 or Megatron sequence parallelism, which "
-            "DeepSpeed has no config for; use vpp=1 and sp=off (cp is Ulysses)"
-        )
-    if layout.offload == "optimizer+params" and layout.zero != 3:
-        raise AutotuneError(f"deepspeed: offload_param needs ZeRO-3, got zero={layout.zero}")
-    if layout.offload != "none" and layout.zero == 0:
-        raise AutotuneError(f"deepspeed: offload={layout.offload} needs zero >= 1")
-    bucket = int(deepspeed_bucket_elements(_params_per_rank(cfg, layout)))
-    return {
-        "train_batch_size": layout.global_batch_size,
-        "micro_batch": layout.mbs,
-        "gas": layout.gas,
-        "zero": layout.zero,
-        "overlap_comm": cfg.train.overlap_grad_reduce,
-        "bucket": bucket,
-        "prefetch_bucket": int(bucket * ZERO3_PREFETCH_FRACTION),
-        "persistence_threshold": 10 * cfg.model.hidden_size,
-        "max_live_parameters": 1_000_000_000,
-        "offload_optimizer": layout.offload != "none",
-        "offload_param": layout.offload == "optimizer+params",
-        "precision": cfg.train.precision,
-        "pp": layout.pp,
-        "tp": layout.tp,
-        "cp": layout.cp,
-        "full_recompute": layout.recompute == "full",
-        "lr": LEARNING_RATE,
-        "betas": list(ADAM_BETAS),
-        "eps": ADAM_EPS,
-        "weight_decay": WEIGHT_DECAY,
-        "clip_grad": CLIP_GRAD,
-        "steps_per_print": 1,
-        # AutoTP finds Llama-style module names with the llama preset
-        "autotp_preset": "llama" if cfg.model.gated else None,
-        # on CPU processes use torch's AdamW: DeepSpeed's fused CPU Adam is a 90 s JIT build
-        "torch_adam": cfg.cluster.cpu_processes,
-    }
-
-
-def deepspeed_config(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
-    """The ds_config.json of a layout, as a dict.
-
-    Batch: train_batch_size = mbs·dp·gas, so DeepSpeed's data-parallel size must be dp: pass an
-    mpu whose `get_data_parallel_world_size()` is dp when tp (AutoTP) shrinks it (PipelineModule's
-    grid does this for pp; for cp alone DeepSpeed divides the world by `sequence_parallel_size`).
-    `pipeline.stages`/`partition` are what the training code gives `PipelineModule(num_stages=,
-    partition_method=)`; the engine itself reads `activation_checkpoint_interval`.
-
-    Raises:
-        AutotuneError: The layout has no DeepSpeed form (vpp>1, Megatron sp, bad offload).
-    """
-    text = _render("deepspeed/ds_config.json.j2", **_deepspeed_context(cfg, layout))
-    return json.loads(text)
-
-
-def hostfile(cfg: AutotuneConfig) -> str:
-    """A DeepSpeed hostfile template: `node-N slots=G` per node (`localhost` for one node).
-
-    Replace the names with the cluster's hosts; the deepspeed launcher reaches them over ssh.
-    """
-    return _render("deepspeed/hostfile.j2", nodes=cfg.cluster.nodes,
-                   gpus_per_node=cfg.cluster.gpus_per_node, version=_version())
-
-
-def _program_context(program: TrainProgram) -> dict[str, Any]:
-    return {
-        "train_script": program.script,
-        "train_module": program.module,
-        "train_args": list(program.args),
-        "config_flag": program.config_flag,
-        "layout_flag": program.layout_flag,
-    }
 
 
 def deepspeed_launch_script(
     cfg: AutotuneConfig, layout: Layout, *, program: TrainProgram | None = None
 ) -> str:
-    """launch_deepspeed.sh: the `deepspeed` launcher over `hostfile` with ds_config.json.
-
-    Run from anywhere; the artifacts folder must be on a filesystem every node sees.
-    """
-    return _render("deepspeed/launch_deepspeed.sh.j2", **_header(cfg, layout),
-                   **_program_context(program or TrainProgram()))
-
-
-# --- Megatron-LM -------------------------------------------------------------------------------
-
-
-def _flag_lines(args: Sequence[str]) -> list[list[str]]:
-    """Group argv items as one flag and its values per line."""
-    lines: list[list[str]] = []
-    for arg in args:
-        if arg.startswith("--") or not lines:
-            lines.append([arg])
-        else:
-            lines[-1].append(arg)
-    return lines
-
-
-def megatron_launch_script(
-    cfg: AutotuneConfig,
-    layout: Layout,
-    *,
-    megatron_lm: str = "/opt/Megatron-LM",
-    train_iters: int = 20,
-    mock_data: bool = True,
-    log_interval: int = 1,
-) -> str:
-    """pretrain_gpt.sh: torchrun of Megatron-LM's `pretrain_gpt.py` with every layout flag.
-
-    Args:
-        cfg: Model, cluster and training setup.
-        layout: The layout (Megatron rules).
-        megatron_lm: Megatron-LM checkout used when the environment has no MEGATRON_LM.
-        train_iters: Optimizer steps.
-        mock_data: Synthetic data and a NullTokenizer; False leaves data flags to the caller
-            (extra arguments of the script are appended to the rendered flags).
-        log_interval: Steps between log lines.
-    """
-    args = megatron_args(cfg, layout, train_iters=train_iters, mock_data=mock_data,
-                         log_interval=log_interval)
-    _, edge = pipeline_split(cfg, layout)
-    return _render(
-        "megatron/pretrain_gpt.sh.j2", **_header(cfg, layout), megatron_lm=megatron_lm,
-        flag_lines=_flag_lines(args), single_connection=needs_single_connection(layout),
-        fsdp=fsdp(layout), uneven_edge=edge, mock_data=mock_data,
-    )
-
-
-# --- Slurm -------------------------------------------------------------------------------------
-
-
-def _sbatch_value(name: str, value: str) -> str:
-    if not _SBATCH_VALUE.fullmatch(value):
-        raise AutotuneError(
-            f"sbatch: {name}={value!r} may only contain letters, digits and ._:+,=@/%- "
-            "(it goes into an #SBATCH line)"
-        )
-    return value
+    """launch_deepspeed.sh: the `deepspeed` launcher over `hostfile` with ds_config.json."""
+    return _options_render(cfg, layout, program=program)["launch_deepspeed.sh"]
 
 
 def sbatch_script(
@@ -316,32 +90,74 @@ def sbatch_script(
         partition: `--partition`, if any.
         account: `--account`, if any.
         time_limit: `--time` (e.g. `02:00:00`), if any.
-        extra: More sbatch options, one `--key=value` each.
+        extra: More sbatch options, one `--key=value` (or `--key`) each.
         program: DeepSpeed training program (default: the user's train.py).
 
     Raises:
         AutotuneError: A value holds characters that do not belong in an #SBATCH line.
     """
-    options = {"job-name": job_name, "partition": partition, "account": account,
-               "time": time_limit}
-    directives = [f"--{key}={_sbatch_value(key, value)}" for key, value in options.items()
-                  if value is not None]
+    return _options_render(
+        cfg, layout, job_name=job_name, partition=partition, account=account,
+        time_limit=time_limit, extra=extra, program=program,
+    )["sbatch.sh"]
+
+
+def _options_render(
+    cfg: AutotuneConfig,
+    layout: Layout,
+    *,
+    job_name: str | None = None,
+    partition: str | None = None,
+    account: str | None = None,
+    time_limit: str | None = None,
+    extra: Sequence[str] = (),
+    program: TrainProgram | None = None,
+    megatron_lm: str = "/opt/Megatron-LM",
+    train_iters: int = 20,
+) -> dict[str, str]:
+    """The framework's artifacts (no rule check: the callers that need one make it)."""
+    options: dict[str, str | None] = {
+        "job-name": job_name or f"autotune-{layout.id}", "partition": partition,
+        "account": account, "time": time_limit,
+    }
+    named = {key: value for key, value in options.items() if value is not None}
     for item in extra:
         key, sep, value = item.partition("=")
-        if not key.startswith("--") or not _SBATCH_VALUE.fullmatch(key[2:] + (value or "x")):
-            raise AutotuneError(
-                f"sbatch: extra option {item!r} must look like --key=value with letters, digits "
-                "and ._:+,=@/%-"
-            )
-        directives.append(item)
-    return _render(
-        "slurm/sbatch.sh.j2", **_header(cfg, layout), directives=directives,
-        framework=cfg.train.framework, gpus=not cfg.cluster.cpu_processes,
-        **_program_context(program or TrainProgram()),
+        if not key.startswith("--"):
+            raise AutotuneError(f"sbatch: extra option {item!r} must look like --key=value")
+        named[key] = value if sep else None
+    render_options = RenderOptions(
+        directives=tuple(sbatch_directives(named)), gpus=not cfg.cluster.cpu_processes,
+        program=program, megatron_lm=megatron_lm, train_iters=train_iters,
     )
+    return framework_of(cfg).render(cfg, layout, render_options)
 
 
-# --- all artifacts -----------------------------------------------------------------------------
+def render_artifacts(
+    cfg: AutotuneConfig,
+    layout: Layout,
+    *,
+    job_name: str | None = None,
+    program: TrainProgram | None = None,
+    megatron_lm: str = "/opt/Megatron-LM",
+    train_iters: int = 20,
+) -> dict[str, str]:
+    """File name → text of the framework's artifacts, without layout.json and manifest.json.
+
+    megatron: pretrain_gpt.sh, sbatch.sh. deepspeed: ds_config.json, launch_deepspeed.sh,
+    hostfile, sbatch.sh.
+
+    Raises:
+        AutotuneError: The layout breaks a rule of the framework (each is named).
+    """
+    broken = structural_violations(cfg, layout)
+    if broken:
+        raise AutotuneError(
+            f"{cfg.train.framework}: layout {layout.text} breaks "
+            + "; ".join(f"{name}: {reason}" for name, reason in broken)
+        )
+    return _options_render(cfg, layout, job_name=job_name, program=program,
+                           megatron_lm=megatron_lm, train_iters=train_iters)
 
 
 def trial_job_script(
@@ -360,16 +176,14 @@ def trial_job_script(
 ) -> str:
     """The sbatch script of one Slurm trial (templates/slurm/trial.sbatch.j2): srun runs torchrun
     of the trial program on every node, rendezvous from the Slurm environment."""
-    from autotune import __version__
-
     world = layout.world_size
     per_node = min(cfg.cluster.gpus_per_node, world)
-    return _render(
+    return render_template(
         "slurm/trial.sbatch.j2", job_name=job_name, nodes=-(-world // per_node),
         nproc_per_node=per_node, cpu_only=cfg.cluster.cpu_processes, directives=list(directives),
-        number=number, version=__version__, layout_text=layout.text, world_size=world,
+        number=number, version=version(), layout_text=layout.text, world_size=world,
         trial_dir=str(directory.resolve()), port_base=port_base, port_span=port_span,
-        python=python, module=module, arg_lines=_flag_lines(args),
+        python=python, module=module, arg_lines=flag_lines(args),
     )
 
 
@@ -399,80 +213,6 @@ def library_versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     return versions
-
-
-def _notes(cfg: AutotuneConfig, layout: Layout) -> list[str]:
-    notes = []
-    if cfg.train.framework == "deepspeed":
-        if cfg.train.precision == "fp8":
-            notes.append("fp8: DeepSpeed has no fp8 config; ds_config.json trains in bf16, use "
-                         "Transformer Engine layers in the model for fp8 GEMMs")
-        if layout.tp > 1:
-            notes.append("tp: AutoTP needs Hugging Face / Llama-style module names or "
-                         "tensor_parallel.preset_model; give deepspeed.initialize an mpu whose "
-                         "data-parallel size is dp so train_batch_size = mbs·dp·gas holds")
-        if layout.cp > 1:
-            notes.append("cp: Ulysses needs deepspeed.sequence.layer.DistributedAttention in the "
-                         "model and parallel_state_sp as mpu")
-        if layout.pp > 1:
-            notes.append(f"pp: build deepspeed.pipe.PipelineModule(num_stages={layout.pp}, "
-                         "partition_method='uniform') and train with engine.train_batch()")
-        if layout.recompute == "full" and layout.pp == 1:
-            notes.append("recompute=full: checkpoint every decoder layer in the model code "
-                         "(deepspeed.checkpointing.checkpoint or torch.utils.checkpoint)")
-    else:
-        if fsdp(layout) and (layout.tp > 1 or layout.cp > 1):
-            notes.append("Megatron-FSDP with tp/cp: CUDA_DEVICE_MAX_CONNECTIONS stays unset "
-                         "(FSDP forbids 1); Megatron warns that tp/cp overlap less")
-        if pipeline_split(cfg, layout)[1] is not None:
-            notes.append("pipeline: layers do not divide over pp·vpp, so the first and last "
-                         "stages hold fewer layers (--decoder-first/last-pipeline-num-layers)")
-    return notes
-
-
-def _launch(cfg: AutotuneConfig) -> dict[str, str]:
-    if cfg.train.framework == "megatron":
-        return {
-            "pretrain_gpt.sh": "on every node: MEGATRON_LM=<Megatron-LM checkout> NNODES=<nodes> "
-                               "NODE_RANK=<0..nodes-1> MASTER_ADDR=<node 0> bash pretrain_gpt.sh "
-                               "[extra pretrain_gpt.py flags]",
-            "sbatch.sh": "cd <this folder> && MEGATRON_LM=<checkout> sbatch sbatch.sh",
-        }
-    return {
-        "ds_config.json": "deepspeed.initialize(model=..., config='ds_config.json') in the "
-                          "training script (or --deepspeed_config through "
-                          "deepspeed.add_config_arguments)",
-        "launch_deepspeed.sh": "edit hostfile (ssh-reachable hosts), then "
-                               "TRAIN_SCRIPT=<your script> bash launch_deepspeed.sh [script args]",
-        "sbatch.sh": "cd <this folder> && TRAIN_SCRIPT=<your script> sbatch sbatch.sh",
-    }
-
-
-def render_artifacts(
-    cfg: AutotuneConfig,
-    layout: Layout,
-    *,
-    job_name: str | None = None,
-    program: TrainProgram | None = None,
-    megatron_lm: str = "/opt/Megatron-LM",
-    train_iters: int = 20,
-) -> dict[str, str]:
-    """File name → text of the framework's artifacts, without layout.json and manifest.json.
-
-    megatron: pretrain_gpt.sh, sbatch.sh. deepspeed: ds_config.json, launch_deepspeed.sh,
-    hostfile, sbatch.sh.
-    """
-    name = job_name or f"autotune-{layout.id}"
-    files: dict[str, str] = {}
-    if cfg.train.framework == "megatron":
-        files["pretrain_gpt.sh"] = megatron_launch_script(
-            cfg, layout, megatron_lm=megatron_lm, train_iters=train_iters)
-    else:
-        files["ds_config.json"] = json.dumps(deepspeed_config(cfg, layout), indent=2) + "\n"
-        files["launch_deepspeed.sh"] = deepspeed_launch_script(cfg, layout, program=program)
-        files["hostfile"] = hostfile(cfg)
-    files["sbatch.sh"] = sbatch_script(cfg, layout, job_name=name, program=program)
-    return files
 
 
 def write_artifacts(
@@ -518,7 +258,7 @@ def write_artifacts(
     layout_doc = {**layout.to_dict(), "text": layout.text, "id": layout.id}
     files["layout.json"] = json.dumps(layout_doc, indent=2) + "\n"
     manifest: dict[str, Any] = {
-        "tool": {"name": "autotune", "version": _version()},
+        "tool": {"name": "autotune", "version": version()},
         "libraries": library_versions(),
         "framework": cfg.train.framework,
         "inputs": {
@@ -530,8 +270,8 @@ def write_artifacts(
         "predicted": _plain(predicted),
         "measured": _plain(measured),
         "artifacts": sorted([*files, "manifest.json"]),
-        "launch": _launch(cfg),
-        "notes": _notes(cfg, layout),
+        "launch": dict(framework_of(cfg).launch()),
+        "notes": framework_of(cfg).notes(cfg, layout),
     }
     manifest.update(_plain(dict(extra_manifest or {})))
     files["manifest.json"] = json.dumps(manifest, indent=2) + "\n"
@@ -539,7 +279,7 @@ def write_artifacts(
     for name, text in files.items():
         path = out / name
         path.write_text(text)
-        if name in SCRIPTS:
+        if name.endswith(".sh"):
             path.chmod(0o755)
         paths[name] = path
     return paths

@@ -22,8 +22,9 @@ from autotune.layout import OFFLOADS
 from autotune.layout import RECOMPUTES
 from autotune.layout import SEARCH_DIMS
 from autotune.layout import LayoutTable
+from autotune.layout import derive_dp_gas
 from autotune.resources import resource_dir
-from autotune.rules import rules_for
+from autotune.rules import apply_rules
 from autotune.specs import AutotuneConfig
 
 
@@ -114,9 +115,7 @@ def candidates(cfg: AutotuneConfig, space: SearchSpace) -> LayoutTable:
     tp, pp, cp, vpp, zero, offload, mbs = (
         a.astype(np.int64) for a in (tp, pp, cp, vpp, zero, offload, mbs)
     )
-    product = tp * pp * cp
-    dp = np.where(cfg.world_size % product == 0, cfg.world_size // product, 0)
-    gas = np.where(dp > 0, cfg.train.global_batch_size // np.maximum(mbs * dp, 1), 0)
+    dp, gas = derive_dp_gas(cfg.world_size, cfg.train.global_batch_size, tp * pp * cp, mbs)
     return LayoutTable(
         tp=tp,
         pp=pp,
@@ -156,14 +155,7 @@ def enumerate_layouts(
     k = k or constants_for(cfg.cluster.gpu)
     table = candidates(cfg, space)
     total = len(table)
-    removed: dict[str, int] = {}
-    for r in rules_for(cfg.train.framework):
-        if not len(table):
-            removed[r.name] = 0
-            continue
-        broken = r.check(cfg, table, k)
-        removed[r.name] = int(np.count_nonzero(broken))
-        table = table.take(~broken)
+    table, removed = apply_rules(cfg, table, k)
     values = evaluate(cfg, table, k)
     order = np.argsort(-values["tokens_per_s"], kind="stable")
     return Enumeration(table.take(order), _take(values, order), removed, total)

@@ -206,10 +206,3 @@ class AutotuneConfig(BaseModel):
             cluster.pop("host_memory_gb")
         return {"model": self.model.model_dump(mode="json"), "cluster": cluster,
                 "train": self.train.model_dump(mode="json")}
-
-    def padded_vocab(self, tp: Any) -> Any:
-        """Vocab as the framework pads it (Megatron: a multiple of 128·tp; tp may be an array)."""
-        if self.train.framework != "megatron":
-            return self.model.vocab_size + 0 * tp
-        multiple = 128 * tp
-        return -(-self.model.vocab_size // multiple) * multiple

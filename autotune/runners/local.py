@@ -30,6 +30,7 @@ from typing import Any
 
 from autotune.exceptions import AutotuneError
 from autotune.flops import model_flops
+from autotune.frameworks import framework_of
 from autotune.runners.base import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
@@ -441,7 +442,8 @@ class LocalRunner(Runner):
         step_s = statistics.median(times)
         tokens = float(steady[-1].get("tokens") or cfg.train.tokens_per_step)
         batch = tokens / cfg.train.seq_length
-        flops = model_flops(cfg.model, cfg.train.seq_length, batch, cfg.padded_vocab(layout.tp))
+        vocab = framework_of(cfg).padded_vocab(cfg.model.vocab_size, layout.tp)
+        flops = model_flops(cfg.model, cfg.train.seq_length, batch, vocab)
         tflops = float(flops) / step_s / cfg.world_size / 1e12
         peak_tflops = cfg.cluster.gpu.peak_tflops[cfg.train.precision]
         peaks = [float(s["peak_memory_bytes"]) for s in trial.steps if s.get("peak_memory_bytes")]

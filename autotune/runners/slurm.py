@@ -44,8 +44,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune import templating
 from autotune.exceptions import AutotuneError
 from autotune.flops import model_flops
+from autotune.frameworks import framework_of
 from autotune.runners.base import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
@@ -69,8 +71,6 @@ RETRIED_STATES = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
 _UNSATISFIABLE = re.compile(r"node configuration is not available|Node count specification "
                             r"invalid|More processors requested than permitted")
 """sbatch's words for a job the cluster can never run (the layout's size, not a fault)."""
-_SBATCH_VALUE = re.compile(r"[^\s'\"\\#]+")
-_SBATCH_KEY = re.compile(r"[a-z][a-z0-9-]*")
 _PATH_FIELDS = ("WorkDir", "Command", "StdOut", "StdErr", "StdIn")
 PORT_BASE, PORT_SPAN = 20000, 20000
 """Rendezvous port = PORT_BASE + job id % PORT_SPAN (trials sharing a node do not collide)."""
@@ -234,25 +234,12 @@ class _Poller:
 
 
 def sbatch_directives(options: Mapping[str, str | None]) -> list[str]:
-    """`--key=value` (or `--key` when the value is None) for each option, checked.
+    """`--key=value` (or `--key`) for each `--slurm-opt`, checked for an #SBATCH line.
 
     Raises:
         AutotuneError: A key or value would not survive an #SBATCH line.
     """
-    directives = []
-    for key, value in options.items():
-        key = key.removeprefix("--")
-        if not _SBATCH_KEY.fullmatch(key):
-            raise AutotuneError(f"--slurm-opt: {key!r} is not an sbatch option name "
-                                "(e.g. qos=high, constraint=h100, exclusive)")
-        if value is None:
-            directives.append(f"--{key}")
-        elif _SBATCH_VALUE.fullmatch(value):
-            directives.append(f"--{key}={value}")
-        else:
-            raise AutotuneError(f"--slurm-opt: {key}={value!r} may not contain spaces, quotes, "
-                                "backslashes or '#' (it goes into an #SBATCH line)")
-    return directives
+    return templating.sbatch_directives(options, source="--slurm-opt")
 
 
 def parse_slurm_opts(items: Sequence[str]) -> dict[str, str | None]:
@@ -329,7 +316,7 @@ def measured(plan: TrialPlan, steps: Sequence[Mapping[str, Any]]) -> Measurement
     step_s = statistics.median(times)
     tokens = float(steady[-1].get("tokens") or cfg.train.tokens_per_step)
     flops = model_flops(cfg.model, cfg.train.seq_length, tokens / cfg.train.seq_length,
-                        cfg.padded_vocab(plan.layout.tp))
+                        framework_of(cfg).padded_vocab(cfg.model.vocab_size, plan.layout.tp))
     tflops = float(flops) / step_s / plan.layout.world_size / 1e12
     peaks = [float(s["peak_memory_bytes"]) for s in steps if s.get("peak_memory_bytes")]
     return Measurement(

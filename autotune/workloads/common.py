@@ -33,9 +33,18 @@ from typing import Protocol
 
 import torch
 
+from autotune.constants import Constants
 from autotune.exceptions import AutotuneError
+from autotune.frameworks.base import Rule
 from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.rules import structural_violations
 from autotune.runners.base import step_time_spread
+from autotune.specs import AutotuneConfig
+from autotune.specs import ClusterSpec
+from autotune.specs import GPUSpec
+from autotune.specs import ModelSpec
+from autotune.specs import TrainSpec
 
 EXIT_CODES = {"ok": 0, "bad_input": 2, "nan": 3, "oom": 4, "rejected": 5}
 """Process exit code per summary status (`autotune.runners.failures.WORKLOAD_EXIT_CODES`)."""
@@ -67,10 +76,14 @@ class StepPlan(Protocol):
 def workload_parser(prog: str) -> argparse.ArgumentParser:
     """A parser of the arguments every workload takes; the workload adds its own.
 
-    ``--model``, ``--layout``, ``--seq``, ``--steps``, ``--warmup``, ``--metrics``, ``--inject``.
+    ``--model``, ``--problem``, ``--layout``, ``--seq``, ``--steps``, ``--warmup``,
+    ``--metrics``, ``--inject``.
     """
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--model", required=True, help="preset name, YAML or HF config.json")
+    parser.add_argument("--problem", type=Path,
+                        help="problem.json of the trial (model, cluster, training setup): the "
+                             "layout is checked against the rules for it")
     parser.add_argument("--layout", required=True, type=Path, help="layout.json of the trial")
     parser.add_argument("--seq", type=int, required=True, help="tokens per sequence")
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps, warm-up included")
@@ -94,6 +107,18 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def read_problem(path: Path) -> AutotuneConfig:
+    """The AutotuneConfig in problem.json; AutotuneError names what is wrong with it."""
+    from pydantic import ValidationError
+
+    from autotune.inputs import validation_message
+
+    try:
+        return AutotuneConfig.model_validate(read_json(path))
+    except ValidationError as error:
+        raise AutotuneError(validation_message(error, str(path))) from None
+
+
 def read_layout(path: Path) -> Layout:
     """The Layout in layout.json (its fields at the top level or under ``layout``)."""
     data = read_json(path)
@@ -103,6 +128,51 @@ def read_layout(path: Path) -> Layout:
         return Layout(**{key: value for key, value in data.items() if key in names})
     except TypeError as error:
         raise AutotuneError(f"{path}: {error}") from None
+
+
+def trial_config(
+    model: ModelSpec,
+    *,
+    world_size: int,
+    seq_length: int,
+    global_batch_size: int,
+    precision: str,
+    framework: str,
+    flash_attention: bool = True,
+) -> AutotuneConfig:
+    """The problem a trial program checks its layout against: the model and training setup on
+    this world's processes (LOCAL_WORLD_SIZE per node); the GPU figures are placeholders the
+    structural rules never read.
+
+    Raises:
+        AutotuneError: the training setup is not valid (named field).
+    """
+    from pydantic import ValidationError
+
+    from autotune.inputs import validation_message
+
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) or world_size
+    gpu = GPUSpec(name="workload", memory_gb=80, peak_tflops={precision: 1.0}, hbm_tb_s=1.0)
+    cluster = ClusterSpec(name="workload", nodes=max(1, world_size // per_node),
+                          gpus_per_node=min(per_node, world_size), gpu=gpu, intra_node_gb_s=1.0,
+                          inter_node_gb_s=1.0, host_memory_gb=1.0, pcie_gb_s=1.0)
+    try:
+        train = TrainSpec(seq_length=seq_length, global_batch_size=global_batch_size,
+                          precision=precision, framework=framework,
+                          flash_attention=flash_attention)
+    except ValidationError as error:
+        raise AutotuneError(validation_message(error, "training setup")) from None
+    return AutotuneConfig(model=model, cluster=cluster, train=train)
+
+
+def refusal(cfg: AutotuneConfig, layout: Layout, limits: tuple[Rule, ...] = ()) -> str | None:
+    """Why this program will not train the layout: the first named rule it breaks (the
+    framework's rules, then the program's own `limits`), as `name: reason`; None when none."""
+    broken = structural_violations(cfg, layout)
+    table = LayoutTable.from_layouts([layout])
+    broken += [(r.name, r.explain(cfg, layout)) for r in limits
+               if bool(r.check(cfg, table, Constants())[0])]
+    return f"{broken[0][0]}: {broken[0][1]}" if broken else None
 
 
 def peak_memory_bytes() -> int:

@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -43,8 +44,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from autotune.exceptions import AutotuneError
+from autotune.frameworks.base import Rule
+from autotune.frameworks.base import RuleGroup
+from autotune.frameworks.base import rule
 from autotune.inputs import load_model
 from autotune.layout import Layout
+from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
 from autotune.workloads.common import EXIT_CODES as EXIT_CODES  # re-export: runners read it
 from autotune.workloads.common import SEED
@@ -54,8 +59,11 @@ from autotune.workloads.common import inject_failure
 from autotune.workloads.common import is_oom
 from autotune.workloads.common import read_json
 from autotune.workloads.common import read_layout
+from autotune.workloads.common import read_problem
+from autotune.workloads.common import refusal
 from autotune.workloads.common import teardown
 from autotune.workloads.common import train_loop
+from autotune.workloads.common import trial_config
 from autotune.workloads.common import workload_parser
 
 # --- inputs ----------------------------------------------------------------------------------
@@ -173,83 +181,15 @@ def make_plan(args: argparse.Namespace, ds: dict[str, Any], world_size: int) -> 
                 precision=_precision(ds), seq=args.seq, steps=args.steps, warmup=args.warmup)
 
 
-def _no_interleaving(plan: Plan, spec: ModelSpec) -> str | None:
-    if plan.layout.vpp > 1:
-        return f"DeepSpeed's pipeline engine has no interleaved schedule (vpp={plan.layout.vpp})"
-    return None
+LIMITS: list[Rule] = []
+"""What this program cannot train although DeepSpeed's rules allow it."""
 
 
-def _no_megatron_sp(plan: Plan, spec: ModelSpec) -> str | None:
-    if plan.layout.sp:
-        return "DeepSpeed has no Megatron-style sequence parallelism (sp=on); use cp (Ulysses)"
-    return None
-
-
-def _pipeline_zero(plan: Plan, spec: ModelSpec) -> str | None:
-    if plan.layout.pp > 1 and plan.layout.zero >= 2:
-        return "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
-    return None
-
-
-def _pipeline_alone(plan: Plan, spec: ModelSpec) -> str | None:
-    lay = plan.layout
-    if lay.pp == 1 or (lay.tp == 1 and lay.cp == 1):
-        return None
-    what = "AutoTP (tp)" if lay.tp > 1 else "Ulysses (cp)"
-    return (
-        f"{what} with PipelineModule (pp): deepspeed.initialize asserts 'mpu must be None "
-        "with pipeline parallelism', and without the mpu the engine's data-parallel group "
-        "spans the pipeline stages (gloo: 'Received data size doesn't match expected size')"
-    )
-
-
-def _autotp_with_ulysses(plan: Plan, spec: ModelSpec) -> str | None:
-    if plan.layout.tp == 1 or plan.layout.cp == 1:
-        return None
-    return (
-        "AutoTP (tp) with Ulysses (cp): both put their groups on consecutive ranks and the "
-        "engine takes one mpu, which knows one of them; deepspeed.initialize fails: 'Check "
-        "batch related parameters. train_batch_size is not equal to micro_batch_per_gpu * "
-        "gradient_acc_step * world_size'"
-    )
-
-
-def _autotp_shapes(plan: Plan, spec: ModelSpec) -> str | None:
-    tp, heads, groups = plan.layout.tp, spec.num_attention_heads, spec.query_groups
-    if tp > 1 and (heads % tp or groups % tp or spec.ffn % tp):
-        return (
-            f"AutoTP shards q/k/v/gate/up by rows: heads ({heads}), kv heads ({groups}) and "
-            f"ffn ({spec.ffn}) must be divisible by tp ({tp})"
-        )
-    return None
-
-
-def _ulysses_shapes(plan: Plan, spec: ModelSpec) -> str | None:
-    cp, heads, groups = plan.layout.cp, spec.num_attention_heads, spec.query_groups
-    if plan.seq % cp:
-        return f"Ulysses splits each sequence over cp: seq ({plan.seq}) % cp ({cp}) != 0"
-    if heads % cp or groups % cp:
-        return f"Ulysses splits heads over cp: heads ({heads}) and kv heads ({groups}) % cp ({cp})"
-    return None
-
-
-def _fp16_on_cpu(plan: Plan, spec: ModelSpec) -> str | None:
-    if plan.precision == "fp16" and not torch.cuda.is_available():
-        return "Type fp16 is not supported on your device (DeepSpeed's CPU accelerator)"
-    return None
-
-
-_REJECTIONS = (_no_interleaving, _no_megatron_sp, _pipeline_zero, _pipeline_alone,
-               _autotp_with_ulysses, _autotp_shapes, _ulysses_shapes, _fp16_on_cpu)
-
-
-def rejection(plan: Plan, spec: ModelSpec) -> str | None:
-    """Why DeepSpeed cannot train this combination (each found by trying it), or None."""
-    for check in _REJECTIONS:
-        reason = check(plan, spec)
-        if reason is not None:
-            return reason
-    return None
+@rule(LIMITS, "deepspeed_gpt_no_fp16_on_cpu",
+      "DeepSpeed's CPU accelerator has no fp16 ('Type fp16 is not supported on your device')",
+      RuleGroup.WORKLOAD)
+def _fp16_on_cpu(cfg, t, k):
+    return np.full(len(t), cfg.train.precision == "fp16" and not torch.cuda.is_available())
 
 
 # --- the model -------------------------------------------------------------------------------
@@ -661,6 +601,15 @@ def describe_engine(engine: Any) -> dict[str, Any]:
             "zero_stage": int(engine.zero_optimization_stage()), "params_local": params}
 
 
+def problem(args: argparse.Namespace, spec: ModelSpec, plan: Plan, world: int) -> AutotuneConfig:
+    """The trial's problem: ``--problem`` (problem.json), else the model and the plan's batch."""
+    if args.problem is not None:
+        return read_problem(args.problem)
+    return trial_config(spec, world_size=world, seq_length=plan.seq,
+                        global_batch_size=plan.train_batch, precision=plan.precision,
+                        framework="deepspeed")
+
+
 def _single_process_env() -> None:
     """Without a launcher, be rank 0 of 1 on a free local port (so plain ``python -m`` works)."""
     if "RANK" in os.environ:
@@ -698,7 +647,11 @@ def run(args: argparse.Namespace) -> int:
     except AutotuneError as error:
         print(f"error: {error}", file=sys.stderr)
         return reporter.fail("bad_input", str(error), world)
-    reason = rejection(plan, spec)
+    try:
+        cfg = problem(args, spec, plan, world)
+    except AutotuneError as error:
+        return reporter.fail("bad_input", str(error), world)
+    reason = refusal(cfg, plan.layout, tuple(LIMITS))
     if reason is not None:
         return reporter.fail("rejected", reason, world)
     _init_distributed()

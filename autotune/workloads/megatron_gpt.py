@@ -6,7 +6,7 @@ Run under ``torchrun --nproc_per_node N``::
         --layout DIR/layout.json --seq 4096 --gbs 64 --precision bf16 --steps 6 --warmup 2
 
 The layout maps onto megatron-core the way Megatron-LM's ``pretrain_gpt.py`` maps its flags
-(`autotune.megatron_config` holds the mapping; `build_configs` turns it into config objects):
+(`autotune.frameworks.megatron_args` holds the mapping; `build_configs` makes config objects):
 
 - tp, pp, vpp: ``parallel_state.initialize_model_parallel``, one ``GPTModel`` chunk per virtual
   stage (smaller first/last stages where the layers do not divide), trained by the schedule of
@@ -45,32 +45,35 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import ValidationError
 
 from autotune.exceptions import AutotuneError
+from autotune.frameworks import framework_of
+from autotune.frameworks.base import Rule
+from autotune.frameworks.base import RuleGroup
+from autotune.frameworks.base import rule
+from autotune.frameworks.megatron_args import ddp_config_kwargs
+from autotune.frameworks.megatron_args import fsdp
+from autotune.frameworks.megatron_args import needs_single_connection
+from autotune.frameworks.megatron_args import optimizer_config_kwargs
+from autotune.frameworks.megatron_args import transformer_config_kwargs
 from autotune.inputs import load_model
-from autotune.inputs import validation_message
 from autotune.layout import Layout
-from autotune.megatron_config import ddp_config_kwargs
-from autotune.megatron_config import fsdp
-from autotune.megatron_config import needs_single_connection
-from autotune.megatron_config import optimizer_config_kwargs
-from autotune.megatron_config import transformer_config_kwargs
 from autotune.specs import AutotuneConfig
-from autotune.specs import ClusterSpec
-from autotune.specs import GPUSpec
 from autotune.specs import ModelSpec
-from autotune.specs import TrainSpec
 from autotune.workloads.common import SEED
 from autotune.workloads.common import Reporter
 from autotune.workloads.common import exit_now
 from autotune.workloads.common import inject_failure
 from autotune.workloads.common import is_oom
 from autotune.workloads.common import read_layout
+from autotune.workloads.common import read_problem
+from autotune.workloads.common import refusal
 from autotune.workloads.common import teardown
 from autotune.workloads.common import train_loop
+from autotune.workloads.common import trial_config
 from autotune.workloads.common import workload_parser
 
 ATTENTIONS = ("sdpa", "local")
@@ -120,14 +123,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _placeholder_cluster(world_size: int) -> ClusterSpec:
-    """A cluster of `world_size` GPUs; the configs never read it (no CUDA call here)."""
-    gpu = GPUSpec(name="workload", memory_gb=80, peak_tflops={"bf16": 1.0}, hbm_tb_s=1.0)
-    return ClusterSpec(name="workload", nodes=1, gpus_per_node=world_size, gpu=gpu,
-                       intra_node_gb_s=1.0, inter_node_gb_s=1.0, host_memory_gb=1.0,
-                       pcie_gb_s=1.0)
-
-
 def make_plan(args: argparse.Namespace, world_size: int) -> Plan:
     """Check that the model, layout.json, the batch and the world agree; resolve the trial.
 
@@ -142,13 +137,12 @@ def make_plan(args: argparse.Namespace, world_size: int) -> Plan:
             f"--seq: {args.seq} exceeds the model's learned positions "
             f"({spec.max_position_embeddings}); lower --seq or raise max_position_embeddings"
         )
-    try:
-        train = TrainSpec(seq_length=args.seq, global_batch_size=args.gbs,
-                          precision=args.precision, framework="megatron",
-                          flash_attention=args.attention == "sdpa")
-    except ValidationError as error:
-        raise AutotuneError(validation_message(error, "training setup")) from None
-    cfg = AutotuneConfig(model=spec, cluster=_placeholder_cluster(world_size), train=train)
+    if args.problem is not None:
+        cfg = read_problem(args.problem)
+    else:
+        cfg = trial_config(spec, world_size=world_size, seq_length=args.seq,
+                           global_batch_size=args.gbs, precision=args.precision,
+                           framework="megatron", flash_attention=args.attention == "sdpa")
     return Plan(cfg=cfg, layout=layout, steps=args.steps, warmup=args.warmup,
                 attention=args.attention)
 
@@ -182,7 +176,7 @@ def build_configs(cfg: AutotuneConfig, layout: Layout) -> tuple[Any, Any, Any]:
     Runs on CPU without torch.distributed.
 
     Raises:
-        AutotuneError: the layout has no Megatron form (`autotune.megatron_config`).
+        AutotuneError: the layout has no Megatron form.
         ValueError, AssertionError: megatron-core's own checks reject it.
     """
     from megatron.core.distributed import DistributedDataParallelConfig
@@ -221,27 +215,23 @@ def _te_version_guard() -> Iterator[None]:
         optimizer_config.is_te_min_version = original
 
 
-def rejection(plan: Plan) -> str | None:
-    """Why this workload cannot train the plan (beyond megatron-core's own checks), or None."""
-    lay, train = plan.layout, plan.cfg.train
-    if lay.cp > 1:
-        return (
-            f"context parallelism (cp={lay.cp}) needs Transformer Engine's attention "
-            "(TEDotProductAttention); the local layer spec has none"
-        )
-    if train.precision == "fp8":
-        return "fp8 needs Transformer Engine; the local layer spec has none"
-    if lay.sp and train.seq_length % lay.tp:
-        return (
-            f"sequence parallelism splits each sequence over tp: seq {train.seq_length} % "
-            f"tp {lay.tp} != 0"
-        )
-    if lay.vpp > 1 and (lay.gas < lay.pp or lay.gas % lay.pp):
-        return (
-            f"the interleaved schedule runs micro-batches in groups of pp: {lay.gas} "
-            f"micro-batches are not a multiple of pp={lay.pp}"
-        )
-    return None
+LIMITS: list[Rule] = []
+"""What this program cannot train although Megatron's rules allow it (no Transformer Engine)."""
+
+
+@rule(LIMITS, "megatron_gpt_cp_needs_transformer_engine",
+      "context parallelism (cp={l.cp}) needs Transformer Engine's attention "
+      "(TEDotProductAttention); the local layer spec has none",
+      RuleGroup.WORKLOAD)
+def _cp_needs_te(cfg, t, k):
+    return t.cp > 1
+
+
+@rule(LIMITS, "megatron_gpt_fp8_needs_transformer_engine",
+      "fp8 needs Transformer Engine; the local layer spec has none",
+      RuleGroup.WORKLOAD)
+def _fp8_needs_te(cfg, t, k):
+    return np.full(len(t), cfg.train.precision == "fp8")
 
 
 # --- the model -------------------------------------------------------------------------------
@@ -307,7 +297,7 @@ def build_model(plan: Plan, config: Any) -> list[torch.nn.Module]:
         chunks.append(GPTModel(
             config=config,
             transformer_layer_spec=spec,
-            vocab_size=plan.cfg.padded_vocab(lay.tp),
+            vocab_size=framework_of(plan.cfg).padded_vocab(m.vocab_size, lay.tp),
             max_sequence_length=max(m.max_position_embeddings, train.seq_length),
             pre_process=first,
             post_process=last,
@@ -512,13 +502,13 @@ def run(args: argparse.Namespace) -> int:
     except AutotuneError as error:
         print(f"error: {error}", file=sys.stderr)
         return reporter.fail("bad_input", str(error), world)
+    reason = refusal(plan.cfg, plan.layout, tuple(LIMITS))
+    if reason is not None:
+        return reporter.fail("rejected", reason, world)
     try:
         configs = build_configs(plan.cfg, plan.layout)
     except (AutotuneError, ValueError, AssertionError) as error:
         return reporter.fail("rejected", f"megatron-core config: {error}", world)
-    reason = rejection(plan)
-    if reason is not None:
-        return reporter.fail("rejected", reason, world)
     if needs_single_connection(plan.layout):
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # before the CUDA context
     if not torch.cuda.is_available():

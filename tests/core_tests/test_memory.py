@@ -10,9 +10,7 @@ from autotune.constants import Constants
 from autotune.estimate import estimate
 from autotune.inputs import load_config
 from autotune.layout import Layout
-from autotune.layout import LayoutTable
 from autotune.memory import GIB
-from autotune.memory import largest_module_params
 
 K = Constants()
 
@@ -50,7 +48,7 @@ def test_zero3_matches_deepspeed_estimator(preset: str, nodes: int, offload: str
     layout = Layout.parse(
         f"zero=3,offload={offload}", cfg.world_size, cfg.train.global_batch_size, "deepspeed"
     )
-    largest = int(largest_module_params(cfg, LayoutTable.from_layouts([layout]))[0])
+    largest = cfg.model.hidden_size * cfg.model.vocab_size  # the embedding is the largest module
     _, gpu, _ = estimate_zero3_model_states_mem_needs(
         cfg.model.num_params(),
         largest,
@@ -74,11 +72,11 @@ def test_megatron_reference_example_gpt3_175b() -> None:
 
 
 def _megatron_formula(cfg, layout: Layout) -> tuple[float, float]:
-    """Megatron-LM theoretical_memory_usage.py, as shared/reference/megatron-lm.md gives it."""
+    """Megatron-LM megatron/training/theoretical_memory_usage.py (NVIDIA/Megatron-LM d98e8a64)."""
     m = cfg.model
     h, a, g, f, layers = m.hidden_size, m.num_attention_heads, m.query_groups, m.ffn, m.num_layers
     d, t, p, v, b, s = h // a, layout.tp, layout.pp, layout.vpp, layout.mbs, cfg.train.seq_length
-    vocab = cfg.padded_vocab(t)
+    vocab = -(-m.vocab_size // (128 * t)) * (128 * t)  # --make-vocab-size-divisible-by 128, ·tp
     gamma, n = (1.5 if m.gated else 1.0), m.norm_factor
     per_layer = 2 * h * d * (a + g) + 2 * h * f * gamma + 2 * h * n
     sharded = (per_layer * layers / p + h * vocab) / t
@@ -157,7 +155,7 @@ def test_zero3_with_ulysses_shards_over_dp_times_cp(cp: int) -> None:
     cfg = load_config("llama2-7b", "dgx-a100:1", framework="deepspeed", global_batch_size=64)
     layout = Layout.parse(f"zero=3,cp={cp}", cfg.world_size, 64, "deepspeed")
     assert layout.dp == 8 // cp
-    largest = int(largest_module_params(cfg, LayoutTable.from_layouts([layout]))[0])
+    largest = cfg.model.hidden_size * cfg.model.vocab_size  # the embedding is the largest module
     _, gpu, _ = estimate_zero3_model_states_mem_needs(
         cfg.model.num_params(), largest, 8, 1, cpu_offload=False, cpu_offload_params=False
     )

@@ -7,6 +7,7 @@ import pytest
 
 from autotune.constants import Constants
 from autotune.exceptions import AutotuneError
+from autotune.frameworks.megatron_args import uneven_edge_layers
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
@@ -15,7 +16,6 @@ from autotune.rules import violations
 from autotune.space import SearchSpace
 from autotune.space import enumerate_layouts
 from autotune.space import load_space
-from autotune.stages import uneven_edge_layers
 
 K = Constants()
 

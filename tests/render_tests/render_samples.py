@@ -11,7 +11,7 @@ from autotune import Layout
 from autotune import enumerate_layouts
 from autotune import load_config
 from autotune import load_space
-from autotune.stages import uneven_edge_layers
+from autotune.frameworks.megatron_args import uneven_edge_layers
 
 PROBLEMS = (
     # (model, cluster, precision or None for the preset's default)

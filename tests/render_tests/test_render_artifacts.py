@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from render_samples import problem
 
+import autotune
 from autotune import AutotuneError
 from autotune import Layout
 from autotune import estimate
-from autotune import render
 from autotune.constants import constants_for
 from autotune.memory import MEMORY_PARTS
 from autotune.perf import TIME_PARTS
@@ -47,7 +47,7 @@ GOLDEN_FILES = {
     [(framework, name) for framework, names in GOLDEN_FILES.items() for name in names],
 )
 def test_golden(framework: str, name: str, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(render, "_version", lambda: "VERSION")
+    monkeypatch.setattr(autotune, "__version__", "VERSION")
     model, cluster, layout = GOLDEN_CASES[framework]
     cfg = problem(model, cluster, framework, None)
     assert violations(cfg, layout, constants_for(cfg.cluster.gpu)) == [], "golden must be legal"

@@ -15,11 +15,12 @@ from render_samples import sample
 
 from autotune import AutotuneError
 from autotune import Layout
-from autotune.megatron_config import ddp_config_kwargs
-from autotune.megatron_config import megatron_args
-from autotune.megatron_config import optimizer_config_kwargs
-from autotune.megatron_config import transformer_config_kwargs
+from autotune.frameworks.megatron_args import ddp_config_kwargs
+from autotune.frameworks.megatron_args import megatron_args
+from autotune.frameworks.megatron_args import optimizer_config_kwargs
+from autotune.frameworks.megatron_args import transformer_config_kwargs
 from autotune.render import megatron_launch_script
+from autotune.render import render_artifacts
 
 with warnings.catch_warnings():  # megatron-core warns that Transformer Engine / Apex are absent
     warnings.simplefilter("ignore")
@@ -172,13 +173,14 @@ def test_even_virtual_stages() -> None:
 
 
 @pytest.mark.parametrize(
-    "layout",
-    [Layout(dp=8, zero=3, offload="optimizer+params", gas=64),
-     Layout(dp=8, zero=0, offload="optimizer", gas=64),
-     Layout(dp=4, pp=2, vpp=3, zero=1, gas=128)],
+    ("layout", "rule"),
+    [(Layout(dp=8, zero=3, offload="optimizer+params", gas=64), "megatron_no_param_offload"),
+     (Layout(dp=8, zero=2, offload="optimizer", gas=64), "offload_needs_distributed_optimizer"),
+     (Layout(dp=4, pp=2, vpp=3, zero=1, gas=128), "layers_divisible_by_pp_vpp")],
     ids=["param-offload", "offload-without-distributed-optimizer", "layers-do-not-split"],
 )
-def test_unrepresentable_layouts_raise(layout: Layout) -> None:
+def test_unrepresentable_layouts_raise(layout: Layout, rule: str) -> None:
+    """Oracle: Megatron-LM's arguments.py refuses each (see the rule's reason)."""
     cfg = problem("llama3-8b", "dgx-h100:1", "megatron", None)
-    with pytest.raises(AutotuneError):
-        megatron_args(cfg, layout)
+    with pytest.raises(AutotuneError, match=rule):
+        render_artifacts(cfg, layout)

@@ -16,8 +16,8 @@ from render_samples import sample
 from autotune import AutotuneConfig
 from autotune import AutotuneError
 from autotune import Layout
-from autotune import render
-from autotune.megatron_config import megatron_args
+from autotune import templating
+from autotune.frameworks.megatron_args import megatron_args
 from autotune.render import TrainProgram
 from autotune.render import deepspeed_launch_script
 from autotune.render import megatron_launch_script
@@ -167,7 +167,7 @@ def test_megatron_sbatch_runs_pretrain_on_each_node(megatron_setup, fakes, tmp_p
 def deepspeed_setup(tmp_path: Path) -> tuple[AutotuneConfig, Layout, TrainProgram]:
     """A two-node DeepSpeed problem with an evil model name and training program."""
     cfg = _evil(problem("llama3-8b", "dgx-h100:2", "deepspeed", None))
-    layout = Layout(tp=2, pp=1, cp=2, dp=4, zero=3, offload="optimizer", gas=128)
+    layout = Layout(tp=2, pp=1, cp=1, dp=8, zero=3, offload="optimizer", gas=64)
     program = TrainProgram(script=str(tmp_path / EVIL.replace("/", "_")), args=(EVIL, "--x"),
                            config_flag="--ds-config", layout_flag="--layout")
     return cfg, layout, program
@@ -215,7 +215,7 @@ def test_deepspeed_sbatch_uses_c10d_rendezvous(deepspeed_setup, fakes, tmp_path)
 
 @pytest.mark.parametrize("value", [EVIL, "a b", "$HOME", "x\ntouch pwned", "", "'"])
 def test_shquote_keeps_values_inert(value: str, tmp_path: Path) -> None:
-    quoted = render._environment().filters["shquote"](value)
+    quoted = templating._environment().filters["shquote"](value)
     echoed = subprocess.run(["bash", "-c", f"printf '%s' {quoted}"], cwd=tmp_path,
                             capture_output=True, text=True)
     assert echoed.stdout == value

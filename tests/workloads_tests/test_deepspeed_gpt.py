@@ -29,6 +29,7 @@ from autotune.workloads import WORKLOADS
 from autotune.workloads import common
 from autotune.workloads import deepspeed_gpt
 from autotune.workloads import workload_spec
+from autotune.workloads.common import refusal
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = "autotune.workloads.deepspeed_gpt"
@@ -319,19 +320,28 @@ def test_plan_rejects_files_that_disagree(tmp_path: Path) -> None:
     ("fields", "match"),
     [
         ({"pp": 2, "zero": 2}, "ZeRO-2 and ZeRO-3 are incompatible"),
-        ({"pp": 2, "tp": 2}, "mpu must be None with pipeline parallelism"),
-        ({"pp": 2, "cp": 2}, "mpu must be None with pipeline parallelism"),
-        ({"tp": 2, "cp": 2}, "AutoTP \\(tp\\) with Ulysses \\(cp\\)"),
+        ({"pp": 2, "tp": 2}, "deepspeed_pipeline_alone"),
+        ({"pp": 2, "cp": 2}, "deepspeed_pipeline_alone"),
+        ({"tp": 2, "cp": 2}, "deepspeed_autotp_without_ulysses"),
         ({"vpp": 2, "pp": 2}, "interleaved"),
     ],
 )
 def test_rejected_combinations(tmp_path: Path, fields: dict[str, Any], match: str) -> None:
+    """Oracle: DeepSpeed 0.19 refused each combination when trained for real (the rules'
+    reasons quote its errors); the trial program refuses them through the same named rules."""
     plan = _plan(tmp_path, 4, **fields)
-    reason = deepspeed_gpt.rejection(plan, load_model("tiny-gpt"))
+    cfg = deepspeed_gpt.trial_config(load_model("tiny-gpt"), world_size=4, seq_length=plan.seq,
+                                     global_batch_size=plan.train_batch,
+                                     precision=plan.precision, framework="deepspeed")
+    reason = refusal(cfg, plan.layout, tuple(deepspeed_gpt.LIMITS))
     assert reason is not None
     assert re.search(match, reason)
 
 
 def test_supported_combination_is_not_rejected(tmp_path: Path) -> None:
+    """Oracle: this combination trains for real (test_real_layouts_train_alike)."""
     plan = _plan(tmp_path, 8, tp=2, zero=3, offload="optimizer+params", recompute="full")
-    assert deepspeed_gpt.rejection(plan, load_model("tiny-gpt")) is None
+    cfg = deepspeed_gpt.trial_config(load_model("tiny-gpt"), world_size=8, seq_length=plan.seq,
+                                     global_batch_size=plan.train_batch,
+                                     precision=plan.precision, framework="deepspeed")
+    assert refusal(cfg, plan.layout, tuple(deepspeed_gpt.LIMITS)) is None

@@ -174,8 +174,8 @@ def test_module_entry_point_exits_rejected(tmp_path: Path) -> None:
         ({"tp": 2, "pp": 2, "vpp": 2, "mbs": 1, "gas": 3, "sp": True}, ["--gbs", "3"], 4,
          "groups of pp"),
         ({"offload": "optimizer+params", "zero": 3, "mbs": 1, "gas": 2}, [], 1,
-         "megatron-core config: megatron: offload=optimizer+params"),
-        ({"tp": 3, "mbs": 1, "gas": 2}, [], 3, "megatron-core config"),
+         "megatron_no_param_offload"),
+        ({"tp": 3, "mbs": 1, "gas": 2}, [], 3, "heads_divisible_by_tp"),
     ],
 )
 def test_combinations_it_cannot_train_are_rejected(
@@ -266,12 +266,6 @@ def test_sample_covers_every_dimension() -> None:
     [
         ("gpt3-1.3b", Layout(tp=3, dp=1, mbs=1, gas=2), "heads_divisible_by_tp", ValueError),
         ("gpt3-1.3b", Layout(dp=3, mbs=1, gas=2, sp=True), "sp_needs_tp", ValueError),
-        ("gpt3-1.3b", Layout(dp=3, zero=0, offload="optimizer", mbs=1, gas=2),
-         "offload_needs_zero", AutotuneError),
-        ("gpt3-1.3b", Layout(dp=3, zero=2, offload="optimizer", mbs=1, gas=2),
-         "offload_needs_distributed_optimizer", AutotuneError),
-        ("gpt3-1.3b", Layout(dp=3, zero=3, offload="optimizer+params", mbs=1, gas=2),
-         "megatron_no_param_offload", AutotuneError),
         ("llama2-7b", Layout(pp=2, vpp=3, dp=1, mbs=1, gas=2), "layers_divisible_by_pp_vpp",
          AutotuneError),
     ],
@@ -279,6 +273,7 @@ def test_sample_covers_every_dimension() -> None:
 def test_layouts_the_rules_refuse_do_not_build(
     model: str, layout: Layout, rule: str, error: type[Exception]
 ) -> None:
+    """Oracle: megatron-core's own TransformerConfig checks refuse what the rule refuses."""
     cfg = load_config(model, "dgx-h100:1", framework="megatron", global_batch_size=6)
     cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(
         update={"gpus_per_node": layout.world_size})})

@@ -4,8 +4,9 @@
 `transformer_config_kwargs`, `ddp_config_kwargs` and `optimizer_config_kwargs` give the same
 choices as keyword arguments of megatron-core's `TransformerConfig`,
 `DistributedDataParallelConfig` and `OptimizerConfig` (for workloads that build the model with
-megatron-core directly). Flag names and rules: Megatron-LM `megatron/training/arguments.py`
-(see ../shared/reference/megatron-lm.md).
+megatron-core directly). Flag names: Megatron-LM `megatron/training/arguments.py` (NVIDIA/
+Megatron-LM at d98e8a64); the layouts reaching these functions passed the Megatron rules
+(`autotune.frameworks.megatron`).
 
 ZeRO stages map to Megatron as: 0 DDP, 1 distributed optimizer, 2 Megatron-FSDP
 `optim_grads`, 3 Megatron-FSDP `optim_grads_params`. Optimizer offload needs the distributed
@@ -17,22 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.exceptions import AutotuneError
+from autotune.frameworks.base import ADAMW
 from autotune.layout import Layout
 from autotune.specs import AutotuneConfig
-from autotune.stages import uneven_edge_layers
-
-LEARNING_RATE = 3.0e-4
-"""Peak learning rate of the rendered configs (both frameworks)."""
-MIN_LEARNING_RATE = 3.0e-5
-"""Floor of Megatron's cosine decay."""
-ADAM_BETAS = (0.9, 0.95)
-"""AdamW betas."""
-ADAM_EPS = 1.0e-8
-"""AdamW epsilon."""
-WEIGHT_DECAY = 0.1
-"""Decoupled weight decay."""
-CLIP_GRAD = 1.0
-"""Global gradient-norm clip."""
 
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 """Megatron-FSDP `--data-parallel-sharding-strategy` per ZeRO stage."""
@@ -49,6 +37,26 @@ def needs_single_connection(layout: Layout) -> bool:
     arguments.py asserts it on pre-Blackwell GPUs; Megatron-FSDP asserts the opposite.
     """
     return (layout.tp > 1 or layout.cp > 1) and not fsdp(layout)
+
+
+def uneven_edge_layers(num_layers: int, pp: int, vpp: int = 1) -> int | None:
+    """Layers on the first and on the last stage when Megatron needs an uneven split, else None.
+
+    Megatron lets the first and last stage hold fewer layers
+    (`--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers`): Llama 3
+    405B's 126 layers run on pp=16 as 7 + 14·8 + 7. The middle pp−2 stages hold equal,
+    larger-or-equal counts; with vpp>1 every stage's count must be divisible by vpp. Returns None
+    when no such split exists (or an even split does).
+    """
+    if pp < 3 or num_layers % pp == 0:
+        return None
+    for edge in range(num_layers // pp, 0, -1):
+        rest = num_layers - 2 * edge
+        if rest % (pp - 2) == 0 and rest // (pp - 2) >= edge:
+            middle = rest // (pp - 2)
+            if edge % vpp == 0 and middle % vpp == 0:
+                return edge
+    return None
 
 
 def pipeline_split(cfg: AutotuneConfig, layout: Layout) -> tuple[int | None, int | None]:
@@ -68,21 +76,6 @@ def pipeline_split(cfg: AutotuneConfig, layout: Layout) -> tuple[int | None, int
             "smaller first/last stages; pick pp and vpp that divide the layers"
         )
     return None, edge
-
-
-def _check(layout: Layout) -> None:
-    if layout.offload == "optimizer+params":
-        raise AutotuneError(
-            f"megatron: offload={layout.offload} has no Megatron-LM flag (it offloads optimizer "
-            "states only); use offload=optimizer"
-        )
-    if layout.offload != "none" and layout.zero != 1:
-        raise AutotuneError(
-            f"megatron: offload={layout.offload} needs the distributed optimizer (zero=1), "
-            f"got zero={layout.zero}"
-        )
-    if layout.zero not in (0, 1, 2, 3):
-        raise AutotuneError(f"megatron: zero={layout.zero} must be 0, 1, 2 or 3")
 
 
 def _number(value: float) -> str:
@@ -195,10 +188,8 @@ def megatron_args(
         The flags, one argv item each, in a fixed order.
 
     Raises:
-        AutotuneError: The layout has no Megatron-LM form (parameter offload, offload without
-            the distributed optimizer, layers that do not split over the pipeline).
+        AutotuneError: The layers do not split over the pipeline.
     """
-    _check(layout)
     args = _parallel_args(cfg, layout) + _data_parallel_args(cfg, layout)
     args += _recompute_args(layout)
     args += ["--micro-batch-size", str(layout.mbs),
@@ -212,14 +203,14 @@ def megatron_args(
         "--eval-iters", "0",
         "--log-interval", str(log_interval),
         "--log-throughput",
-        "--lr", _number(LEARNING_RATE),
-        "--min-lr", _number(MIN_LEARNING_RATE),
+        "--lr", _number(ADAMW.lr),
+        "--min-lr", _number(ADAMW.min_lr),
         "--lr-decay-style", "cosine",
-        "--weight-decay", _number(WEIGHT_DECAY),
-        "--adam-beta1", _number(ADAM_BETAS[0]),
-        "--adam-beta2", _number(ADAM_BETAS[1]),
-        "--adam-eps", _number(ADAM_EPS),
-        "--clip-grad", _number(CLIP_GRAD),
+        "--weight-decay", _number(ADAMW.weight_decay),
+        "--adam-beta1", _number(ADAMW.betas[0]),
+        "--adam-beta2", _number(ADAMW.betas[1]),
+        "--adam-eps", _number(ADAMW.eps),
+        "--clip-grad", _number(ADAMW.clip_grad),
     ]
     return args
 
@@ -239,7 +230,6 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
     """
     import torch.nn.functional as F
 
-    _check(layout)
     m, precision = cfg.model, cfg.train.precision
     dtype = _dtype(cfg)
     _, edge = pipeline_split(cfg, layout)
@@ -279,7 +269,6 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
 
 def ddp_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
     """Keyword arguments of megatron-core's `DistributedDataParallelConfig` (the zero mapping)."""
-    _check(layout)
     overlap = cfg.train.overlap_grad_reduce
     kwargs: dict[str, Any] = {
         "use_distributed_optimizer": layout.zero >= 1,
@@ -294,18 +283,17 @@ def ddp_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
 
 def optimizer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
     """Keyword arguments of megatron-core's `OptimizerConfig` (AdamW, precision and offload)."""
-    _check(layout)
     precision = cfg.train.precision
     offload = layout.offload == "optimizer"
     kwargs: dict[str, Any] = {
         "optimizer": "adam",
-        "lr": LEARNING_RATE,
-        "min_lr": MIN_LEARNING_RATE,
-        "weight_decay": WEIGHT_DECAY,
-        "adam_beta1": ADAM_BETAS[0],
-        "adam_beta2": ADAM_BETAS[1],
-        "adam_eps": ADAM_EPS,
-        "clip_grad": CLIP_GRAD,
+        "lr": ADAMW.lr,
+        "min_lr": ADAMW.min_lr,
+        "weight_decay": ADAMW.weight_decay,
+        "adam_beta1": ADAMW.betas[0],
+        "adam_beta2": ADAMW.betas[1],
+        "adam_eps": ADAMW.eps,
+        "clip_grad": ADAMW.clip_grad,
         "bf16": precision in ("bf16", "fp8"),
         "fp16": precision == "fp16",
         "params_dtype": _dtype(cfg),

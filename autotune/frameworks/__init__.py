@@ -1,0 +1,46 @@
+"""Training frameworks: one `Framework` bundle each (rules, model terms, artifacts, workload).
+
+Example:
+    >>> from autotune.frameworks import get_framework
+    >>> get_framework("megatron").padded_vocab(50257, 8)
+    51200
+"""
+
+from __future__ import annotations
+
+from autotune.exceptions import AutotuneError
+from autotune.frameworks.base import Framework
+from autotune.specs import AutotuneConfig
+
+
+def _registry() -> dict[str, Framework]:
+    from autotune.frameworks.deepspeed import DeepSpeed
+    from autotune.frameworks.megatron import Megatron
+
+    return {bundle.name: bundle for bundle in (Megatron(), DeepSpeed())}
+
+
+FRAMEWORKS = ("megatron", "deepspeed")
+"""Framework names, as `--framework` takes them."""
+_BUNDLES: dict[str, Framework] = {}
+
+
+def get_framework(name: str) -> Framework:
+    """The bundle of framework `name`.
+
+    Raises:
+        AutotuneError: `name` is not a framework.
+    """
+    if not _BUNDLES:
+        _BUNDLES.update(_registry())
+    if name not in _BUNDLES:
+        raise AutotuneError(f"--framework: {name!r} must be one of {', '.join(FRAMEWORKS)}")
+    return _BUNDLES[name]
+
+
+def framework_of(cfg: AutotuneConfig) -> Framework:
+    """The bundle of the framework a problem trains with."""
+    return get_framework(cfg.train.framework)
+
+
+__all__ = ["FRAMEWORKS", "Framework", "framework_of", "get_framework"]

@@ -1,0 +1,197 @@
+"""The framework contract: what one training framework adds to a layout, and named rules.
+
+A `Framework` is a bundle: its named rules, how it splits layers over pipeline stages, pads the
+vocabulary and holds model states (the memory terms it adds), how its collectives behave (the
+communication terms it adds), its artifacts and the built-in trial program that runs them.
+Everything else (the memory and step-time models, the space, render, the runners) asks the bundle
+and never compares framework names.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from collections.abc import Callable
+from collections.abc import Mapping
+from typing import Any
+from typing import ClassVar
+from typing import Literal
+
+import numpy as np
+
+from autotune.constants import Constants
+from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.specs import AutotuneConfig
+
+Check = Callable[[AutotuneConfig, LayoutTable, Constants], np.ndarray]
+"""A rule's check: True where a layout of the table breaks the rule (constants for memory)."""
+
+
+class RuleGroup(enum.IntEnum):
+    """Where a rule stands in the order rules are applied (removals are charged to the first)."""
+
+    GRID = 0
+    TENSOR = 1
+    PIPELINE = 2
+    CONTEXT = 3
+    ZERO = 5
+    WORKLOAD = 8
+    MEMORY = 9
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rule:
+    """A named constraint with a one-line reason.
+
+    `reason` is a format string over m (model), c (cluster), t (train), l (layout), world and
+    gpn (GPUs per node), plus any extra values the caller passes (memory rules: need_gib,
+    have_gib).
+    """
+
+    name: str
+    reason: str
+    check: Check
+    group: RuleGroup
+
+    def explain(self, cfg: AutotuneConfig, layout: Layout, **extra: object) -> str:
+        """The reason with this layout's values filled in."""
+        return self.reason.format(
+            m=cfg.model, c=cfg.cluster, t=cfg.train, l=layout, world=cfg.world_size,
+            gpn=cfg.cluster.gpus_per_node, **extra,
+        )
+
+
+def rule(into: list[Rule], name: str, reason: str, group: RuleGroup) -> Callable[[Check], Check]:
+    """Register a check as a named rule in the list `into` (decorator)."""
+
+    def register(check: Check) -> Check:
+        into.append(Rule(name, reason, check, group))
+        return check
+
+    return register
+
+
+@dataclasses.dataclass(slots=True)
+class StageSplit:
+    """Layers on the first, a middle and the last pipeline stage (per candidate), and legality."""
+
+    first: np.ndarray
+    middle: np.ndarray
+    last: np.ndarray
+    uneven: np.ndarray
+    legal: np.ndarray
+
+    @property
+    def most(self) -> np.ndarray:
+        """Layers on the most loaded stage."""
+        return np.maximum(np.maximum(self.first, self.middle), self.last)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Optimizer:
+    """The optimizer settings both frameworks' rendered configs train with (AdamW)."""
+
+    lr: float = 3.0e-4
+    """Peak learning rate."""
+    min_lr: float = 3.0e-5
+    """Floor of the cosine decay (Megatron)."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    eps: float = 1.0e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay."""
+    clip_grad: float = 1.0
+    """Global gradient-norm clip."""
+
+
+ADAMW = Optimizer()
+"""The settings every rendered config uses."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RenderOptions:
+    """How the artifacts of a layout are rendered (defaults: ready to train, not a trial)."""
+
+    directives: tuple[str, ...]
+    """Checked `#SBATCH` options of sbatch.sh (`autotune.templating.sbatch_directives`)."""
+    gpus: bool = True
+    """sbatch.sh asks for GPUs (False on a CPU-only cluster)."""
+    program: Any = None
+    """DeepSpeed: the training program the launch scripts run (`TrainProgram`)."""
+    megatron_lm: str = "/opt/Megatron-LM"
+    """Megatron: checkout used when the environment has no MEGATRON_LM."""
+    train_iters: int = 20
+    """Megatron: optimizer steps of pretrain_gpt.sh."""
+
+    @property
+    def sbatch(self) -> dict[str, Any]:
+        """The template values of sbatch.sh's shared part."""
+        return {"directives": list(self.directives), "gpus": self.gpus}
+
+
+class Framework(abc.ABC):
+    """One training framework (see the module docstring). Subclasses are stateless singletons,
+    obtained with `autotune.frameworks.get_framework(name)`."""
+
+    name: ClassVar[str]
+    """The name `--framework` takes."""
+    workload: ClassVar[str]
+    """The built-in trial program (`autotune.workloads.WORKLOADS`)."""
+    launch_script: ClassVar[str]
+    """The artifact a user runs to train (it takes the framework's own checkout or script)."""
+    artifacts: ClassVar[tuple[str, ...]]
+    """Files `render` writes for a layout (besides layout.json and manifest.json)."""
+    default_zero: ClassVar[int]
+    """ZeRO stage a layout gets when the user does not say."""
+    context_parallel: ClassVar[Literal["ring", "all_to_all"]]
+    """How cp exchanges data: a K/V ring overlapped with attention, or head all-to-alls."""
+    zero2_reduces_every_microbatch: ClassVar[bool] = False
+    """ZeRO-2 reduce-scatters gradients after every micro-batch, not once per step."""
+    tp_may_exceed_query_groups: ClassVar[bool] = False
+    """tp may be a multiple of the key/value heads (they are then replicated)."""
+    rules: ClassVar[tuple[Rule, ...]]
+    """The framework's own rules (the shared ones live in `autotune.frameworks.common`)."""
+
+    def default_sp(self, tp: int) -> bool:
+        """Whether a layout gets sequence parallelism when the user does not say."""
+        return False
+
+    def padded_vocab(self, vocab: int, tp: Any) -> Any:
+        """The vocabulary as the framework pads it (tp may be a numpy array)."""
+        return vocab + 0 * tp
+
+    @abc.abstractmethod
+    def split_layers(self, cfg: AutotuneConfig, pp: np.ndarray, vpp: np.ndarray) -> StageSplit:
+        """Transformer layers on the first, a middle and the last stage, and legality."""
+
+    @abc.abstractmethod
+    def state_bytes(
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """GPU bytes of `weights`, `gradients`, `optimizer` and offloaded `host` bytes of one
+        rank that holds `params` parameters (before sharding) and gathers `gathered` at once."""
+
+    def buffer_bytes(self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> np.ndarray:
+        """Communication buffers the framework allocates beyond the model states."""
+        return np.zeros(len(t))
+
+    def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int:
+        """Bytes per gradient element in the data-parallel reduction."""
+        return 2
+
+    @abc.abstractmethod
+    def render(
+        self, cfg: AutotuneConfig, layout: Layout, options: RenderOptions
+    ) -> dict[str, str]:
+        """File name → text of `artifacts` for a layout that passed the rules."""
+
+    @abc.abstractmethod
+    def launch(self) -> Mapping[str, str]:
+        """How to run each artifact (one line each, for the manifest)."""
+
+    def notes(self, cfg: AutotuneConfig, layout: Layout) -> list[str]:
+        """What a user must know to run this layout (for the manifest)."""
+        return []

@@ -1,0 +1,112 @@
+"""Rules every framework shares: the grid, the batch, tensor-parallel shapes, pipeline splits.
+
+Sources: Megatron-LM `megatron/training/arguments.py` (grid: world % (tp·pp·cp) == 0; batch:
+`num_microbatches_calculator.py`, gbs % (mbs·dp) == 0; heads % tp, `transformer_config.py`),
+DeepSpeed 0.19 (`runtime/config.py`: train_batch_size = micro · gas · dp; AutoTP shards
+q/k/v/gate/up by rows). Framework-specific rules live beside each framework.
+"""
+
+from __future__ import annotations
+
+import autotune.frameworks as frameworks
+from autotune.frameworks.base import Rule
+from autotune.frameworks.base import RuleGroup
+from autotune.frameworks.base import rule
+
+COMMON_RULES: list[Rule] = []
+"""The shared rules, in the order they are applied within their groups."""
+
+
+@rule(
+    COMMON_RULES,
+    "world_divisible_by_tp_pp_cp",
+    "world = tp·pp·cp·dp: tp·pp·cp = {l.tp}·{l.pp}·{l.cp} must divide the {world} GPUs",
+    RuleGroup.GRID,
+)
+def _world(cfg, t, k):
+    return (cfg.world_size % t.model_parallel != 0) | (t.dp < 1)
+
+
+@rule(
+    COMMON_RULES,
+    "tp_within_node",
+    "tensor parallelism needs NVLink: tp={l.tp} must divide the {gpn} GPUs of one node",
+    RuleGroup.GRID,
+)
+def _tp_node(cfg, t, k):
+    return cfg.cluster.gpus_per_node % t.tp != 0
+
+
+@rule(
+    COMMON_RULES,
+    "gbs_divisible_by_mbs_dp",
+    "global batch {t.global_batch_size} must be divisible by mbs·dp = {l.mbs}·{l.dp}",
+    RuleGroup.GRID,
+)
+def _gbs(cfg, t, k):
+    return cfg.train.global_batch_size % (t.mbs * t.dp) != 0
+
+
+@rule(
+    COMMON_RULES,
+    "heads_divisible_by_tp",
+    "num_attention_heads ({m.num_attention_heads}) must be divisible by tp ({l.tp})",
+    RuleGroup.TENSOR,
+)
+def _heads(cfg, t, k):
+    return cfg.model.num_attention_heads % t.tp != 0
+
+
+@rule(
+    COMMON_RULES,
+    "query_groups_divisible_by_tp",
+    "num_query_groups ({m.query_groups}) must be divisible by tp ({l.tp}) "
+    "(Megatron also accepts tp divisible by the groups)",
+    RuleGroup.TENSOR,
+)
+def _groups(cfg, t, k):
+    g = cfg.model.query_groups
+    if frameworks.framework_of(cfg).tp_may_exceed_query_groups:
+        return (g % t.tp != 0) & (t.tp % g != 0)
+    return g % t.tp != 0
+
+
+@rule(
+    COMMON_RULES,
+    "ffn_divisible_by_tp",
+    "ffn_hidden_size ({m.ffn}) must be divisible by tp ({l.tp})",
+    RuleGroup.TENSOR,
+)
+def _ffn(cfg, t, k):
+    return cfg.model.ffn % t.tp != 0
+
+
+@rule(
+    COMMON_RULES,
+    "hidden_divisible_by_tp",
+    "hidden_size ({m.hidden_size}) must be divisible by tp ({l.tp})",
+    RuleGroup.TENSOR,
+)
+def _hidden(cfg, t, k):
+    return cfg.model.hidden_size % t.tp != 0
+
+
+@rule(
+    COMMON_RULES,
+    "layers_divisible_by_pp_vpp",
+    "num_layers ({m.num_layers}) must split over pp·vpp = {l.pp}·{l.vpp} chunks, evenly or with "
+    "smaller first/last stages as Megatron allows",
+    RuleGroup.PIPELINE,
+)
+def _layers(cfg, t, k):
+    return ~frameworks.framework_of(cfg).split_layers(cfg, t.pp, t.vpp).legal
+
+
+@rule(
+    COMMON_RULES,
+    "offload_needs_zero",
+    "CPU offload moves ZeRO-partitioned states: offload needs zero >= 1",
+    RuleGroup.ZERO,
+)
+def _offload_zero(cfg, t, k):
+    return (t.offload >= 1) & (t.zero == 0)

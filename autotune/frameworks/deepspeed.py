@@ -1,0 +1,295 @@
+"""DeepSpeed: its rules, model terms and artifacts.
+
+Rules were found by training each combination for real with DeepSpeed 0.19 (see the built-in
+trial program `autotune.workloads.deepspeed_gpt`) and read off `deepspeed/runtime/engine.py`,
+`runtime/pipe/engine.py` and `runtime/zero/`. Memory: DeepSpeed's own estimators
+(`estimate_zero2/3_model_states_mem_needs`: 2 B of 16-bit weights plus 18 B/param of 16-bit and
+fp32 gradients, fp32 master weights and Adam moments) and its bucket buffers. Artifacts:
+ds_config.json (keys DeepSpeed 0.19 reads: `runtime/config.py`, `runtime/zero/config.py`,
+`runtime/precision_config.py`, `runtime/tensor_parallel/config.py`; unknown top-level keys would
+be ignored silently), launch_deepspeed.sh, hostfile and sbatch.sh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+from typing import ClassVar
+
+import numpy as np
+
+from autotune.frameworks.base import ADAMW
+from autotune.frameworks.base import Framework
+from autotune.frameworks.base import RenderOptions
+from autotune.frameworks.base import Rule
+from autotune.frameworks.base import RuleGroup
+from autotune.frameworks.base import StageSplit
+from autotune.frameworks.base import rule
+from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.sharding import params_on_rank
+from autotune.specs import AutotuneConfig
+from autotune.templating import header
+from autotune.templating import render_template
+from autotune.templating import version
+
+ZERO3_PREFETCH_FRACTION = 0.25
+"""ZeRO-3 prefetch bucket as a fraction of the reduce bucket (rendered and counted alike)."""
+
+DEEPSPEED_RULES: list[Rule] = []
+"""DeepSpeed's own rules."""
+
+
+@rule(DEEPSPEED_RULES, "deepspeed_no_megatron_sp",
+      "DeepSpeed has no Megatron-style sequence parallelism (use cp for Ulysses)",
+      RuleGroup.TENSOR)
+def _ds_sp(cfg, t, k):
+    return t.sp
+
+
+@rule(DEEPSPEED_RULES, "deepspeed_no_virtual_pipeline",
+      "DeepSpeed's pipeline engine has no interleaved schedule: vpp must be 1",
+      RuleGroup.PIPELINE)
+def _ds_vpp(cfg, t, k):
+    return t.vpp > 1
+
+
+@rule(DEEPSPEED_RULES, "seq_divisible_by_cp",
+      "Ulysses splits each sequence over cp ranks: seq ({t.seq_length}) must be divisible by "
+      "cp ({l.cp})",
+      RuleGroup.CONTEXT)
+def _seq_ulysses(cfg, t, k):
+    return cfg.train.seq_length % t.cp != 0
+
+
+@rule(DEEPSPEED_RULES, "ulysses_heads_divisible_by_cp",
+      "Ulysses re-partitions heads over cp: query ({m.num_attention_heads}) and key/value "
+      "({m.query_groups}) heads per tp rank must be divisible by cp ({l.cp})",
+      RuleGroup.CONTEXT)
+def _ulysses_heads(cfg, t, k):
+    m = cfg.model
+    return ((m.num_attention_heads // t.tp) % t.cp != 0) | ((m.query_groups // t.tp) % t.cp != 0)
+
+
+@rule(DEEPSPEED_RULES, "deepspeed_pipeline_alone",
+      "DeepSpeed's pipeline engine takes no mpu, so AutoTP (tp) and Ulysses (cp) groups cannot "
+      "join it: pp={l.pp} needs tp=1 and cp=1",
+      RuleGroup.CONTEXT)
+def _ds_pp_alone(cfg, t, k):
+    return (t.pp > 1) & ((t.tp > 1) | (t.cp > 1))
+
+
+@rule(DEEPSPEED_RULES, "deepspeed_autotp_without_ulysses",
+      "DeepSpeed AutoTP and Ulysses each build their own groups over the same ranks and cannot be "
+      "combined (tp={l.tp}, cp={l.cp})",
+      RuleGroup.CONTEXT)
+def _ds_tp_cp(cfg, t, k):
+    return (t.tp > 1) & (t.cp > 1)
+
+
+@rule(DEEPSPEED_RULES, "zero_ge2_with_pp",
+      "DeepSpeed: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism (zero={l.zero}, "
+      "pp={l.pp})",
+      RuleGroup.ZERO)
+def _ds_zero_pp(cfg, t, k):
+    return (t.zero >= 2) & (t.pp > 1)
+
+
+@rule(DEEPSPEED_RULES, "param_offload_needs_zero3",
+      "parameter offload (offload_param) needs ZeRO-3",
+      RuleGroup.ZERO)
+def _param_offload(cfg, t, k):
+    return (t.offload == 2) & (t.zero < 3)
+
+
+def bucket_elements(params_per_rank: np.ndarray | int) -> np.ndarray:
+    """ZeRO reduce/all-gather bucket size in elements (what the rendered ds_config.json uses)."""
+    return np.minimum(200_000_000, np.maximum(params_per_rank, 1_000_000))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrainProgram:
+    """The DeepSpeed training program the launch scripts run (the user's script by default).
+
+    The scripts run `script` (or `python -m script` when `module`), then `args`, then
+    `config_flag DIR/ds_config.json` and, when `layout_flag` is set, `layout_flag DIR/layout.json`,
+    then whatever the script itself was given. The environment variable TRAIN_SCRIPT overrides
+    `script` at run time.
+    """
+
+    script: str = "train.py"
+    """Path of the training script (or a module name with `module`)."""
+    module: bool = False
+    """Run `script` as a Python module (`--module` for torchrun and the deepspeed launcher)."""
+    args: tuple[str, ...] = ()
+    """Arguments before the config flag."""
+    config_flag: str = "--deepspeed_config"
+    """Flag that names ds_config.json (`deepspeed.add_config_arguments` reads this one)."""
+    layout_flag: str | None = None
+    """Flag that names layout.json, for programs that read it (the built-in trial workload)."""
+
+    def context(self) -> dict[str, Any]:
+        """The template values of the program."""
+        return {
+            "train_script": self.script,
+            "train_module": self.module,
+            "train_args": list(self.args),
+            "config_flag": self.config_flag,
+            "layout_flag": self.layout_flag,
+        }
+
+
+class DeepSpeed(Framework):
+    """DeepSpeed: ZeRO 0-3 with offload, PipelineModule (pp), AutoTP (tp), Ulysses (cp)."""
+
+    name = "deepspeed"
+    workload = "deepspeed_gpt"
+    launch_script = "launch_deepspeed.sh"
+    artifacts = ("ds_config.json", "launch_deepspeed.sh", "hostfile", "sbatch.sh")
+    default_zero = 0
+    context_parallel = "all_to_all"
+    zero2_reduces_every_microbatch = True
+    rules: ClassVar[tuple[Rule, ...]] = tuple(DEEPSPEED_RULES)
+
+    def split_layers(self, cfg: AutotuneConfig, pp: np.ndarray, vpp: np.ndarray) -> StageSplit:
+        """PipelineModule's balanced counts (within one of each other); each bounded by the
+        larger, ceil(layers / pp)."""
+        num_layers = cfg.model.num_layers
+        legal = pp <= num_layers
+        heavy = np.where(legal, -(-num_layers // pp), 0).astype(np.int64)
+        return StageSplit(first=heavy, middle=heavy.copy(), last=heavy.copy(),
+                          uneven=np.zeros(len(pp), dtype=bool), legal=legal)
+
+    def state_bytes(
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """16-bit weights; 16-bit grads + fp32 grad partition; fp32 master + Adam m, v (12 B),
+        sharded over dp·cp by ZeRO; CPU offload moves the optimizer (and ZeRO-3 parameters)."""
+        n, z, off = t.shard_degree, t.zero, t.offload
+        weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
+        grads = np.select(
+            [z == 0, z == 1, z == 2],
+            [6 * params, 2 * params + 4 * params / n, 6 * params / n],
+            4 * params / n + 2 * gathered,
+        )
+        optimizer = np.where(z == 0, 12 * params, 12 * params / n)
+        weights = np.where(off == 2, 2 * gathered, weights)
+        offloaded = off >= 1
+        grads = np.where(offloaded, np.where(z >= 3, 2 * gathered, 0.0), grads)
+        optimizer = np.where(offloaded, 0.0, optimizer)
+        host = offloaded * 16 * params / n + (off == 2) * 2 * params / n
+        return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
+
+    def buffer_bytes(self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> np.ndarray:
+        """overlap_comm double-buffers the reduce bucket; ZeRO-3 adds a prefetch bucket."""
+        bucket = bucket_elements(params)
+        reduce = np.where(t.zero >= 1, 2 * 2 * bucket, 0.0)
+        return reduce + np.where(t.zero >= 3, 2 * ZERO3_PREFETCH_FRACTION * bucket, 0.0)
+
+    def render(
+        self, cfg: AutotuneConfig, layout: Layout, options: RenderOptions
+    ) -> dict[str, str]:
+        """ds_config.json, launch_deepspeed.sh, hostfile and sbatch.sh."""
+        program = (options.program or TrainProgram()).context()
+        return {
+            "ds_config.json": json.dumps(config(cfg, layout), indent=2) + "\n",
+            "launch_deepspeed.sh": render_template(
+                "deepspeed/launch_deepspeed.sh.j2", **header(cfg, layout), **program),
+            "hostfile": hostfile(cfg),
+            "sbatch.sh": render_template("deepspeed/sbatch.sh.j2", **header(cfg, layout),
+                                         **options.sbatch, **program),
+        }
+
+    def launch(self) -> Mapping[str, str]:
+        return {
+            "ds_config.json": "deepspeed.initialize(model=..., config='ds_config.json') in the "
+                              "training script (or --deepspeed_config through "
+                              "deepspeed.add_config_arguments)",
+            "launch_deepspeed.sh": "edit hostfile (ssh-reachable hosts), then "
+                                   "TRAIN_SCRIPT=<your script> bash launch_deepspeed.sh "
+                                   "[script args]",
+            "sbatch.sh": "cd <this folder> && TRAIN_SCRIPT=<your script> sbatch sbatch.sh",
+        }
+
+    def notes(self, cfg: AutotuneConfig, layout: Layout) -> list[str]:
+        notes = []
+        if cfg.train.precision == "fp8":
+            notes.append("fp8: DeepSpeed has no fp8 config; ds_config.json trains in bf16, use "
+                         "Transformer Engine layers in the model for fp8 GEMMs")
+        if layout.tp > 1:
+            notes.append("tp: AutoTP needs Hugging Face / Llama-style module names or "
+                         "tensor_parallel.preset_model; give deepspeed.initialize an mpu whose "
+                         "data-parallel size is dp so train_batch_size = mbs·dp·gas holds")
+        if layout.cp > 1:
+            notes.append("cp: Ulysses needs deepspeed.sequence.layer.DistributedAttention in the "
+                         "model and parallel_state_sp as mpu")
+        if layout.pp > 1:
+            notes.append(f"pp: build deepspeed.pipe.PipelineModule(num_stages={layout.pp}, "
+                         "partition_method='uniform') and train with engine.train_batch()")
+        if layout.recompute == "full" and layout.pp == 1:
+            notes.append("recompute=full: checkpoint every decoder layer in the model code "
+                         "(deepspeed.checkpointing.checkpoint or torch.utils.checkpoint)")
+        return notes
+
+
+def _params_per_rank(cfg: AutotuneConfig, layout: Layout) -> int:
+    """Parameters on the most loaded rank before ZeRO sharding (first or last stage)."""
+    table = LayoutTable.from_layouts([layout])
+    split = DeepSpeed().split_layers(cfg, table.pp, table.vpp)
+    single = np.array([layout.pp == 1])
+    vocab = np.array([cfg.model.vocab_size])
+    first = params_on_rank(cfg.model, table, vocab, split.first, np.array([True]), single)
+    last = params_on_rank(cfg.model, table, vocab, split.last, single, np.array([True]))
+    return int(max(first[0], last[0]))
+
+
+def config(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
+    """The ds_config.json of a layout that passed the DeepSpeed rules, as a dict.
+
+    Batch: train_batch_size = mbs·dp·gas, so DeepSpeed's data-parallel size must be dp: pass an
+    mpu whose `get_data_parallel_world_size()` is dp when tp (AutoTP) shrinks it (PipelineModule's
+    grid does this for pp; for cp alone DeepSpeed divides the world by `sequence_parallel_size`).
+    `pipeline.stages`/`partition` are what the training code gives `PipelineModule(num_stages=,
+    partition_method=)`; the engine itself reads `activation_checkpoint_interval`.
+    """
+    bucket = int(bucket_elements(_params_per_rank(cfg, layout)))
+    context = {
+        "train_batch_size": layout.global_batch_size,
+        "micro_batch": layout.mbs,
+        "gas": layout.gas,
+        "zero": layout.zero,
+        "overlap_comm": cfg.train.overlap_grad_reduce,
+        "bucket": bucket,
+        "prefetch_bucket": int(bucket * ZERO3_PREFETCH_FRACTION),
+        "persistence_threshold": 10 * cfg.model.hidden_size,
+        "max_live_parameters": 1_000_000_000,
+        "offload_optimizer": layout.offload != "none",
+        "offload_param": layout.offload == "optimizer+params",
+        "precision": cfg.train.precision,
+        "pp": layout.pp,
+        "tp": layout.tp,
+        "cp": layout.cp,
+        "full_recompute": layout.recompute == "full",
+        "lr": ADAMW.lr,
+        "betas": list(ADAMW.betas),
+        "eps": ADAMW.eps,
+        "weight_decay": ADAMW.weight_decay,
+        "clip_grad": ADAMW.clip_grad,
+        "steps_per_print": 1,
+        # AutoTP finds Llama-style module names with the llama preset
+        "autotp_preset": "llama" if cfg.model.gated else None,
+        # on CPU processes use torch's AdamW: DeepSpeed's fused CPU Adam is a 90 s JIT build
+        "torch_adam": cfg.cluster.cpu_processes,
+    }
+    return json.loads(render_template("deepspeed/ds_config.json.j2", **context))
+
+
+def hostfile(cfg: AutotuneConfig) -> str:
+    """A DeepSpeed hostfile template: `node-N slots=G` per node (`localhost` for one node).
+
+    Replace the names with the cluster's hosts; the deepspeed launcher reaches them over ssh.
+    """
+    return render_template("deepspeed/hostfile.j2", nodes=cfg.cluster.nodes,
+                           gpus_per_node=cfg.cluster.gpus_per_node, version=version())

@@ -1,0 +1,223 @@
+"""Megatron-LM / megatron-core: its rules, model terms and artifacts.
+
+Rules: Megatron-LM `megatron/training/arguments.py` and megatron-core
+`transformer_config.py` (NVIDIA/Megatron-LM at d98e8a64). Memory: Megatron-LM
+`theoretical_memory_usage.py` (fp32 main gradients, 18 B/param, 6 + 12/d with the distributed
+optimizer). Artifacts: `pretrain_gpt.sh` (torchrun of the user's checkout's `pretrain_gpt.py`) and
+`sbatch.sh`; the flags come from `autotune.frameworks.megatron_args`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from typing import ClassVar
+
+import numpy as np
+
+from autotune.frameworks.base import Framework
+from autotune.frameworks.base import RenderOptions
+from autotune.frameworks.base import Rule
+from autotune.frameworks.base import RuleGroup
+from autotune.frameworks.base import StageSplit
+from autotune.frameworks.base import rule
+from autotune.frameworks.megatron_args import fsdp
+from autotune.frameworks.megatron_args import megatron_args
+from autotune.frameworks.megatron_args import needs_single_connection
+from autotune.frameworks.megatron_args import pipeline_split
+from autotune.frameworks.megatron_args import uneven_edge_layers
+from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.specs import AutotuneConfig
+from autotune.templating import flag_lines
+from autotune.templating import header
+from autotune.templating import render_template
+
+MEGATRON_RULES: list[Rule] = []
+"""Megatron's own rules."""
+
+
+@rule(MEGATRON_RULES, "sp_needs_tp",
+      "sequence parallelism splits along tp: it needs tp > 1 (Megatron turns it off)",
+      RuleGroup.TENSOR)
+def _sp_tp(cfg, t, k):
+    return t.sp & (t.tp == 1)
+
+
+@rule(MEGATRON_RULES, "seq_divisible_by_tp_with_sp",
+      "with sequence parallelism seq/cp ({t.seq_length}/{l.cp}) must be divisible by tp ({l.tp})",
+      RuleGroup.TENSOR)
+def _seq_sp(cfg, t, k):
+    return t.sp & ((cfg.train.seq_length // t.cp) % t.tp != 0)
+
+
+@rule(MEGATRON_RULES, "vpp_needs_pp",
+      "virtual pipeline stages interleave a pipeline: vpp={l.vpp} needs pp > 1",
+      RuleGroup.PIPELINE)
+def _vpp_pp(cfg, t, k):
+    return (t.vpp > 1) & (t.pp == 1)
+
+
+@rule(MEGATRON_RULES, "interleave_microbatches_divisible_by_pp",
+      "Megatron's interleaved schedule runs micro-batches in groups of pp: micro-batches "
+      "gbs/(mbs·dp) = {t.global_batch_size}/({l.mbs}·{l.dp}) must be a multiple of pp ({l.pp})",
+      RuleGroup.PIPELINE)
+def _interleave_m(cfg, t, k):
+    return (t.vpp > 1) & (t.gas % t.pp != 0)
+
+
+@rule(MEGATRON_RULES, "seq_divisible_by_2cp",
+      "context parallelism splits each sequence into 2·cp chunks: seq ({t.seq_length}) must be "
+      "divisible by 2·cp = {l.cp}·2",
+      RuleGroup.CONTEXT)
+def _seq_cp(cfg, t, k):
+    return (t.cp > 1) & (cfg.train.seq_length % (2 * t.cp) != 0)
+
+
+@rule(MEGATRON_RULES, "megatron_no_param_offload",
+      "Megatron-LM offloads optimizer states only (--optimizer-cpu-offload), not parameters",
+      RuleGroup.ZERO)
+def _mlm_param_offload(cfg, t, k):
+    return t.offload == 2
+
+
+@rule(MEGATRON_RULES, "offload_needs_distributed_optimizer",
+      "Megatron --optimizer-cpu-offload needs --use-precision-aware-optimizer, which needs the "
+      "distributed optimizer (zero=1)",
+      RuleGroup.ZERO)
+def _mlm_offload(cfg, t, k):
+    return (t.offload >= 1) & (t.zero != 1)
+
+
+@rule(MEGATRON_RULES, "megatron_fsdp_without_pp",
+      "Megatron-FSDP (zero=2/3: --use-megatron-fsdp) is not tested upstream with pipeline "
+      "parallelism (no test or example); autotune keeps it to pp=1",
+      RuleGroup.ZERO)
+def _fsdp_pp(cfg, t, k):
+    return (t.zero >= 2) & (t.pp > 1)
+
+
+class Megatron(Framework):
+    """Megatron-LM: 3D parallelism with sequence parallelism, interleaving and a K/V ring for cp.
+
+    ZeRO stages map to Megatron as 0 DDP, 1 the distributed optimizer, 2 Megatron-FSDP
+    `optim_grads`, 3 `optim_grads_params`.
+    """
+
+    name = "megatron"
+    workload = "megatron_gpt"
+    launch_script = "pretrain_gpt.sh"
+    artifacts = ("pretrain_gpt.sh", "sbatch.sh")
+    default_zero = 1
+    context_parallel = "ring"
+    tp_may_exceed_query_groups = True
+    rules: ClassVar[tuple[Rule, ...]] = tuple(MEGATRON_RULES)
+
+    def default_sp(self, tp: int) -> bool:
+        """Sequence parallelism whenever tp > 1 (Megatron-LM's recommended setting)."""
+        return tp > 1
+
+    def padded_vocab(self, vocab: int, tp: Any) -> Any:
+        """A multiple of 128·tp (`--make-vocab-size-divisible-by 128`, times tp)."""
+        multiple = 128 * tp
+        return -(-vocab // multiple) * multiple
+
+    def split_layers(self, cfg: AutotuneConfig, pp: np.ndarray, vpp: np.ndarray) -> StageSplit:
+        """Even over pp·vpp chunks, or smaller first and last stages (`uneven_edge_layers`)."""
+        num_layers = cfg.model.num_layers
+        n = pp.shape[0]
+        first, middle, last = (np.zeros(n, dtype=np.int64) for _ in range(3))
+        uneven = np.zeros(n, dtype=bool)
+        legal = np.zeros(n, dtype=bool)
+        for p, v in {(int(a), int(b)) for a, b in zip(pp, vpp, strict=True)}:
+            rows = (pp == p) & (vpp == v)
+            if p > num_layers:
+                continue
+            if num_layers % (p * v) == 0:
+                even = num_layers // p
+                first[rows], middle[rows], last[rows] = even, even, even
+                legal[rows] = True
+                continue
+            edge = uneven_edge_layers(num_layers, p, v)
+            if edge is not None:
+                first[rows], last[rows] = edge, edge
+                middle[rows] = (num_layers - 2 * edge) // (p - 2)
+                uneven[rows], legal[rows] = True, True
+        return StageSplit(first=first, middle=middle, last=last, uneven=uneven, legal=legal)
+
+    def state_bytes(
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """16-bit weights, fp32 main gradients (4 B), fp32 master + Adam moments (12 B);
+        sharded over dp·cp by the distributed optimizer (zero 1) or Megatron-FSDP (2, 3)."""
+        n, z = t.shard_degree, t.zero
+        weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
+        grads = np.where(z >= 2, 4 * params / n + 4 * (z >= 3) * gathered, 4 * params)
+        optimizer = np.where(z >= 1, 12 * params / n, 12 * params)
+        offloaded = t.offload >= 1
+        optimizer = np.where(offloaded, 0.0, optimizer)
+        host = offloaded * 12 * params / n
+        return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
+
+    def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int:
+        """fp32: Megatron accumulates and reduces gradients in fp32 (`validate_args` for bf16)."""
+        return 4
+
+    def render(
+        self, cfg: AutotuneConfig, layout: Layout, options: RenderOptions
+    ) -> dict[str, str]:
+        """pretrain_gpt.sh and sbatch.sh."""
+        return {
+            "pretrain_gpt.sh": launch_script(cfg, layout, megatron_lm=options.megatron_lm,
+                                             train_iters=options.train_iters),
+            "sbatch.sh": render_template("megatron/sbatch.sh.j2", **header(cfg, layout),
+                                         **options.sbatch),
+        }
+
+    def launch(self) -> Mapping[str, str]:
+        return {
+            "pretrain_gpt.sh": "on every node: MEGATRON_LM=<Megatron-LM checkout> NNODES=<nodes> "
+                               "NODE_RANK=<0..nodes-1> MASTER_ADDR=<node 0> bash pretrain_gpt.sh "
+                               "[extra pretrain_gpt.py flags]",
+            "sbatch.sh": "cd <this folder> && MEGATRON_LM=<checkout> sbatch sbatch.sh",
+        }
+
+    def notes(self, cfg: AutotuneConfig, layout: Layout) -> list[str]:
+        notes = []
+        if fsdp(layout) and (layout.tp > 1 or layout.cp > 1):
+            notes.append("Megatron-FSDP with tp/cp: CUDA_DEVICE_MAX_CONNECTIONS stays unset "
+                         "(FSDP forbids 1); Megatron warns that tp/cp overlap less")
+        if pipeline_split(cfg, layout)[1] is not None:
+            notes.append("pipeline: layers do not divide over pp·vpp, so the first and last "
+                         "stages hold fewer layers (--decoder-first/last-pipeline-num-layers)")
+        return notes
+
+
+def launch_script(
+    cfg: AutotuneConfig,
+    layout: Layout,
+    *,
+    megatron_lm: str = "/opt/Megatron-LM",
+    train_iters: int = 20,
+    mock_data: bool = True,
+    log_interval: int = 1,
+) -> str:
+    """pretrain_gpt.sh: torchrun of Megatron-LM's `pretrain_gpt.py` with every layout flag.
+
+    Args:
+        cfg: Model, cluster and training setup.
+        layout: The layout (Megatron rules).
+        megatron_lm: Megatron-LM checkout used when the environment has no MEGATRON_LM.
+        train_iters: Optimizer steps.
+        mock_data: Synthetic data and a NullTokenizer; False leaves data flags to the caller
+            (extra arguments of the script are appended to the rendered flags).
+        log_interval: Steps between log lines.
+    """
+    args = megatron_args(cfg, layout, train_iters=train_iters, mock_data=mock_data,
+                         log_interval=log_interval)
+    _, edge = pipeline_split(cfg, layout)
+    return render_template(
+        "megatron/pretrain_gpt.sh.j2", **header(cfg, layout), megatron_lm=megatron_lm,
+        flag_lines=flag_lines(args), single_connection=needs_single_connection(layout),
+        fsdp=fsdp(layout), uneven_edge=edge, mock_data=mock_data,
+    )
