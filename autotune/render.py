@@ -169,13 +169,18 @@ def trial_job_script(
     job_name: str,
     directives: Sequence[str],
     python: str,
-    module: str,
     args: Sequence[str],
     port_base: int,
     port_span: int,
+    module: str | None = None,
+    script: str | None = None,
+    script_env: Mapping[str, str] | None = None,
 ) -> str:
-    """The sbatch script of one Slurm trial (templates/slurm/trial.sbatch.j2): srun runs torchrun
-    of the trial program on every node, rendezvous from the Slurm environment."""
+    """The sbatch script of one Slurm trial (templates/slurm/trial.sbatch.j2): srun runs, on
+    every node, torchrun of the trial program `module`, or the framework's launch `script` (with
+    `script_env`); the rendezvous comes from the Slurm environment."""
+    if (module is None) == (script is None):
+        raise AutotuneError("trial job: give the program as exactly one of module or script")
     world = layout.world_size
     per_node = min(cfg.cluster.gpus_per_node, world)
     return render_template(
@@ -183,7 +188,8 @@ def trial_job_script(
         nproc_per_node=per_node, cpu_only=cfg.cluster.cpu_processes, directives=list(directives),
         number=number, version=version(), layout_text=layout.text, world_size=world,
         trial_dir=str(directory.resolve()), port_base=port_base, port_span=port_span,
-        python=python, module=module, arg_lines=flag_lines(args),
+        python=python, module=module, script=script, script_env=dict(script_env or {}),
+        arg_lines=flag_lines(args),
     )
 
 

@@ -29,14 +29,12 @@ from pathlib import Path
 from typing import Any
 from typing import Literal
 
-from autotune.constants import constants_for
 from autotune.estimate import estimate
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.perf import TIME_PARTS
-from autotune.rules import violations
+from autotune.pipeline import TrialPipeline
 from autotune.runners.base import Runner
-from autotune.runners.base import TrialPlan
 from autotune.specs import AutotuneConfig
 
 Mode = Literal["weak", "strong"]
@@ -230,7 +228,7 @@ def default_sizes(cfg: AutotuneConfig, layout: Layout) -> list[int]:
     Only sizes that hold one model replica (tp·pp·cp GPUs) are listed.
     """
     per_node, world = cfg.cluster.gpus_per_node, cfg.world_size
-    replica = layout.tp * layout.pp * layout.cp
+    replica = layout.model_parallel
     sizes = {2**i for i in range(int(math.log2(per_node)) + 1)}
     nodes = 1
     while nodes * per_node <= world:
@@ -244,25 +242,11 @@ def _shape(
     cfg: AutotuneConfig, layout: Layout, gpus: int, mode: str
 ) -> tuple[AutotuneConfig, Layout] | str:
     """The config and layout at `gpus` GPUs, or why that size has no such shape."""
-    replica = layout.tp * layout.pp * layout.cp
-    if gpus % replica:
-        return (f"tp·pp·cp = {layout.tp}·{layout.pp}·{layout.cp} = {replica} does not divide "
-                f"{gpus} GPUs")
-    dp = gpus // replica
-    if mode == "weak":
-        gas = layout.gas
-        gbs = layout.mbs * dp * gas
-    else:
-        gbs = cfg.train.global_batch_size
-        if gbs % (layout.mbs * dp):
-            return (f"strong scaling keeps the global batch {gbs}, which mbs·dp = "
-                    f"{layout.mbs}·{dp} does not divide")
-        gas = gbs // (layout.mbs * dp)
     try:
-        sized = resized(cfg, gpus, gbs)
+        sized = layout.resized(gpus, mode, cfg.train.global_batch_size)
+        return resized(cfg, gpus, sized.global_batch_size), sized
     except AutotuneError as error:
         return str(error)
-    return sized, dataclasses.replace(layout, dp=dp, gas=gas)
 
 
 # --- the sweep --------------------------------------------------------------------------------
@@ -313,24 +297,22 @@ def _run_point(
         "dp": layout.dp, "gas": layout.gas, "global_batch_size": layout.global_batch_size,
         "directory": f"scale/{gpus}",
     }
-    k = constants_for(cfg.cluster.gpu)
-    prediction = estimate(cfg, layout, k)
+    pipeline = TrialPipeline(cfg, runner)
+    broken = pipeline.violations(layout)
+    if broken:
+        prediction = estimate(cfg, layout, pipeline.constants)
+        rule, reason = broken[0]
+        return ScalingPoint(**shape, predicted_tokens_per_s=prediction.tokens_per_s,
+                            predicted_time_parts=dict(prediction.time_parts),
+                            status="infeasible", rule=rule, reason=reason)
+    result = pipeline.run(layout, number=index, directory=out_dir / "scale" / str(gpus))
+    prediction, m = result.prediction, result.measurement
     predicted: dict[str, Any] = {
         "predicted_tokens_per_s": prediction.tokens_per_s,
         "predicted_time_parts": dict(prediction.time_parts),
     }
-    broken = violations(cfg, layout, k)
-    if broken:
-        rule, reason = broken[0]
-        return ScalingPoint(**shape, **predicted, status="infeasible", rule=rule, reason=reason)
-    directory = out_dir / "scale" / str(gpus)
+    directory = result.directory
     directory.mkdir(parents=True, exist_ok=True)
-    artifacts: dict[str, Path] = {}
-    if runner.needs_artifacts:
-        from autotune.render import write_artifacts
-
-        artifacts = write_artifacts(cfg, layout, directory, estimate=prediction)
-    m = runner.run(TrialPlan(cfg, layout, index, directory, artifacts))
     point = ScalingPoint(
         **shape, **predicted, status=m.status, reason=m.reason[:500],
         step_time_s=m.step_time_s, tokens_per_s=m.tokens_per_s,
@@ -368,7 +350,8 @@ def sweep(
         Every point, in ascending size, with efficiency, flag and the part that grew.
 
     Raises:
-        AutotuneError: on an unknown mode or a GPU count below 1.
+        AutotuneError: on an unknown mode, a GPU count below 1, or a size the runner cannot
+            run (`Runner.check`, before any point runs).
     """
     if mode not in MODES:
         raise AutotuneError(f"--mode: {mode!r} must be weak or strong")
@@ -377,11 +360,14 @@ def sweep(
         raise AutotuneError(f"--gpus: {gpus} must be positive GPU counts, e.g. 8,16,32")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    shapes = [_shape(cfg, layout, n, mode) for n in sizes]
+    for shape in shapes:  # the runner refuses what it cannot run before the first point
+        if not isinstance(shape, str):
+            runner.check(shape[0])
     points: list[ScalingPoint] = []
     runner.prepare()
     try:
-        for index, n in enumerate(sizes):
-            shape = _shape(cfg, layout, n, mode)
+        for index, (n, shape) in enumerate(zip(sizes, shapes, strict=True)):
             if isinstance(shape, str):
                 points.append(_skipped(n, cfg, layout, shape))
                 continue
@@ -395,10 +381,10 @@ def sweep(
 
 def _skipped(gpus: int, cfg: AutotuneConfig, layout: Layout, reason: str) -> ScalingPoint:
     per_node = cfg.cluster.gpus_per_node
-    replica = layout.tp * layout.pp * layout.cp
     return ScalingPoint(
         gpus=gpus, nodes=max(1, -(-gpus // per_node)), gpus_per_node=min(gpus, per_node),
-        dp=gpus // replica, gas=0, global_batch_size=0, status="skipped", reason=reason,
+        dp=gpus // layout.model_parallel, gas=0, global_batch_size=0, status="skipped",
+        reason=reason,
     )
 
 

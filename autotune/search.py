@@ -25,14 +25,12 @@ from optuna.trial import TrialState
 
 from autotune.constants import Constants
 from autotune.constants import constants_for
-from autotune.estimate import estimate
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.memory import usable_gpu_bytes
-from autotune.rules import violations
+from autotune.pipeline import TrialPipeline
 from autotune.runners.base import Measurement
 from autotune.runners.base import Runner
-from autotune.runners.base import TrialPlan
 from autotune.sampler import BestSoFarPruner
 from autotune.sampler import ModelGuidedSampler
 from autotune.sampler import distributions
@@ -114,22 +112,33 @@ class Objective:
     def __init__(
         self, cfg: AutotuneConfig, space: SearchSpace, runner: Runner, k: Constants, out_dir: Path
     ) -> None:
-        self.cfg, self.space, self.runner, self.k, self.out_dir = cfg, space, runner, k, out_dir
+        self.cfg, self.space, self.k, self.out_dir = cfg, space, k, out_dir
+        self.pipeline = TrialPipeline(cfg, runner, k)
         self._claiming = threading.Lock()
 
     def __call__(self, trial: Trial) -> float:
         with self._claiming:  # threads of one process sample and claim one at a time
             layout = self.sample(trial)
-            broken = violations(self.cfg, layout, self.k)
+            broken = self.pipeline.violations(layout)
             if broken:
                 return self.infeasible(trial, broken)
             earlier = self.claim(trial, layout)
         if earlier is not None:
             return self.reuse(trial, earlier)
-        prediction = estimate(self.cfg, layout, self.k)
-        trial.set_user_attr("predicted", _round(prediction.to_dict()))
-        measurement = self.runner.run(self.plan(trial, layout))
-        return self.record(trial, layout, prediction.peak_memory_bytes, measurement)
+        directory = self.out_dir / "trials" / f"{trial.number:04d}-{layout.id}"
+        if self.pipeline.runner.needs_artifacts:
+            trial.set_user_attr("trial_dir", str(directory))
+
+        def report(step: int, tokens_per_s: float) -> bool:
+            trial.report(tokens_per_s, step)
+            return trial.should_prune()
+
+        result = self.pipeline.run(layout, number=trial.number, directory=directory,
+                                   report=report, attrs=dict(trial.user_attrs),
+                                   note=trial.set_user_attr)
+        trial.set_user_attr("predicted", _round(result.prediction.to_dict()))
+        return self.record(trial, layout, result.prediction.peak_memory_bytes,
+                           result.measurement)
 
     def sample(self, trial: Trial) -> Layout:
         for name, dist in distributions(self.space).items():
@@ -180,23 +189,6 @@ class Objective:
             raise optuna.TrialPruned(f"layout already running in trial {earlier.number}")
         trial.set_constraint("runs", float(earlier.constraints.get("runs", 0.0)))
         return float(earlier.value or 0.0)
-
-    def plan(self, trial: Trial, layout: Layout) -> TrialPlan:
-        directory = self.out_dir / "trials" / f"{trial.number:04d}-{layout.id}"
-        artifacts: dict[str, Path] = {}
-        if self.runner.needs_artifacts:
-            from autotune.render import write_artifacts
-
-            directory.mkdir(parents=True, exist_ok=True)
-            artifacts = write_artifacts(self.cfg, layout, directory)
-            trial.set_user_attr("trial_dir", str(directory))
-
-        def report(step: int, tokens_per_s: float) -> bool:
-            trial.report(tokens_per_s, step)
-            return trial.should_prune()
-
-        return TrialPlan(self.cfg, layout, trial.number, directory, artifacts, report,
-                         attrs=dict(trial.user_attrs), note=trial.set_user_attr)
 
     def record(self, trial: Trial, layout: Layout, predicted_peak: float, m: Measurement) -> float:
         trial.set_user_attr("status", m.status)

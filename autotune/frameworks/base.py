@@ -152,6 +152,11 @@ class Framework(abc.ABC):
     """ZeRO-2 reduce-scatters gradients after every micro-batch, not once per step."""
     tp_may_exceed_query_groups: ClassVar[bool] = False
     """tp may be a multiple of the key/value heads (they are then replicated)."""
+    trains_on_cpu: ClassVar[bool] = False
+    """Its trial programs run on CPU processes (gloo) as well as on GPUs."""
+    checkout_env: ClassVar[str | None] = None
+    """Environment variable naming the user's own checkout of the framework that
+    `launch_script` runs (trials then run it instead of the built-in program), if any."""
     rules: ClassVar[tuple[Rule, ...]]
     """The framework's own rules (the shared ones live in `autotune.frameworks.common`)."""
 
@@ -195,3 +200,11 @@ class Framework(abc.ABC):
     def notes(self, cfg: AutotuneConfig, layout: Layout) -> list[str]:
         """What a user must know to run this layout (for the manifest)."""
         return []
+
+    def checkout_trial_args(self, steps: int) -> list[str]:
+        """Arguments that make `launch_script` a short trial of `steps` steps, logging each."""
+        raise NotImplementedError(f"{self.name} trials run the built-in program only")
+
+    def log_parser(self) -> Any:
+        """A reader of the framework's own training log (for checkout trials)."""
+        raise NotImplementedError(f"{self.name} trials run the built-in program only")

@@ -151,6 +151,7 @@ class DeepSpeed(Framework):
     default_zero = 0
     context_parallel = "all_to_all"
     zero2_reduces_every_microbatch = True
+    trains_on_cpu = True
     rules: ClassVar[tuple[Rule, ...]] = tuple(DEEPSPEED_RULES)
 
     def split_layers(self, cfg: AutotuneConfig, pp: np.ndarray, vpp: np.ndarray) -> StageSplit:

@@ -26,6 +26,7 @@ from autotune.frameworks.megatron_args import megatron_args
 from autotune.frameworks.megatron_args import needs_single_connection
 from autotune.frameworks.megatron_args import pipeline_split
 from autotune.frameworks.megatron_args import uneven_edge_layers
+from autotune.frameworks.megatron_log import MegatronLog
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
@@ -111,6 +112,7 @@ class Megatron(Framework):
     default_zero = 1
     context_parallel = "ring"
     tp_may_exceed_query_groups = True
+    checkout_env = "MEGATRON_LM"
     rules: ClassVar[tuple[Rule, ...]] = tuple(MEGATRON_RULES)
 
     def default_sp(self, tp: int) -> bool:
@@ -181,6 +183,14 @@ class Megatron(Framework):
                                "[extra pretrain_gpt.py flags]",
             "sbatch.sh": "cd <this folder> && MEGATRON_LM=<checkout> sbatch sbatch.sh",
         }
+
+    def checkout_trial_args(self, steps: int) -> list[str]:
+        """pretrain_gpt.py flags appended last (argparse keeps the last value)."""
+        return ["--train-iters", str(steps), "--log-interval", "1"]
+
+    def log_parser(self) -> MegatronLog:
+        """Reads `training_log` iteration lines and `report_memory` lines."""
+        return MegatronLog()
 
     def notes(self, cfg: AutotuneConfig, layout: Layout) -> list[str]:
         notes = []

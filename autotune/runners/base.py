@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import statistics
 from collections.abc import Callable
 from collections.abc import Mapping
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +60,6 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         """Plain fields, for JSON and Optuna user attributes."""
         return dataclasses.asdict(self)
-
-
-def step_time_spread(times_s: Sequence[float]) -> float:
-    """Relative spread of step times: IQR / median from 4 steps on, else (max - min) / median."""
-    if len(times_s) < 2:
-        return 0.0
-    median = statistics.median(times_s)
-    if len(times_s) >= 4:
-        q1, _, q3 = statistics.quantiles(times_s, n=4, method="inclusive")
-        return (q3 - q1) / median
-    return (max(times_s) - min(times_s)) / median
 
 
 class Runner(abc.ABC):

@@ -77,10 +77,14 @@ def make_runner(name: str, options: RunnerOptions) -> Runner:
                            launcher=options.launcher, megatron_lm=options.megatron_lm)
     if name == "slurm":
         from autotune.runners.slurm import SlurmRunner
-        from autotune.runners.slurm import parse_slurm_opts
+        from autotune.runners.slurm_client import parse_slurm_opts
 
+        if options.steps < 2:
+            raise AutotuneError(f"--steps: {options.steps} leaves no step after warm-up; use >= 2")
         return SlurmRunner(partition=options.partition, account=options.account,
                            time_limit=options.time_limit,
                            options=parse_slurm_opts(options.slurm_opts),
-                           timeout_s=options.timeout_s, reattach=options.resume)
+                           timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
+                           steps=options.steps, warmup=min(2, options.steps - 1),
+                           megatron_lm=options.megatron_lm, reattach=options.resume)
     raise AutotuneError(f"--runner: {name!r} must be one of {', '.join(RUNNERS)}")

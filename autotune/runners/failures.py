@@ -14,8 +14,7 @@ import re
 import signal
 from collections.abc import Mapping
 
-WORKLOAD_EXIT_CODES = {3: "nan", 4: "oom", 5: "rejected"}
-"""Exit codes of the built-in workloads (`autotune.workloads.deepspeed_gpt.EXIT_CODES`)."""
+from autotune.records import FAILURE_EXIT_CODES
 
 PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {
     "oom": tuple(
@@ -183,8 +182,8 @@ def classify(
             "OOM killer or a memory cgroup limit",
         )
     for code in (returncode, worker):
-        if code in WORKLOAD_EXIT_CODES:
-            status = WORKLOAD_EXIT_CODES[code]
+        if code in FAILURE_EXIT_CODES:
+            status = FAILURE_EXIT_CODES[code]
             return Failure(status, f"the workload exited with code {code} ({status})")
     detail = last_exception(text) or said_reason
     if killed is not None:

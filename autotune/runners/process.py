@@ -180,6 +180,13 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def package_root() -> str | None:
+    """The folder holding the `autotune` package, unless it is an installed site folder (then
+    trial processes import it as this one does; otherwise they get it on PYTHONPATH)."""
+    root = Path(__file__).resolve().parents[2]
+    return None if root.name in ("site-packages", "dist-packages") else str(root)
+
+
 def guarded(argv: Sequence[str], grace_s: float = 10.0, memory_limit_bytes: int = 0) -> list[str]:
     """argv wrapped in the guard (run by this interpreter, without importing autotune)."""
     return [

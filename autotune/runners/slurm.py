@@ -34,302 +34,73 @@ import logging
 import math
 import os
 import re
-import statistics
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from autotune import templating
 from autotune.exceptions import AutotuneError
-from autotune.flops import model_flops
+from autotune.frameworks import FRAMEWORKS
 from autotune.frameworks import framework_of
+from autotune.frameworks import get_framework
+from autotune.records import LineReader
+from autotune.records import TrialRecords
+from autotune.records import last_lines
+from autotune.records import read_tail
 from autotune.runners.base import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
-from autotune.runners.base import step_time_spread
 from autotune.runners.failures import classify
+from autotune.runners.process import package_root
+from autotune.runners.slurm_client import LIVE_STATES
+from autotune.runners.slurm_client import JobInfo
+from autotune.runners.slurm_client import QueuePoller
+from autotune.runners.slurm_client import SlurmError
+from autotune.runners.slurm_client import cancel
+from autotune.runners.slurm_client import job_info
+from autotune.runners.slurm_client import partition_has_gpus
+from autotune.runners.slurm_client import queue_states
+from autotune.runners.slurm_client import sbatch_directives
+from autotune.runners.slurm_client import submit
+from autotune.specs import AutotuneConfig
+from autotune.workloads import workload_spec
+from autotune.workloads import write_problem
 
 log = logging.getLogger(__name__)
 
-WORKLOAD_MODULE = "autotune.workloads.deepspeed_gpt"
-"""The trial program every task runs under torchrun (the local runner's program)."""
 JOB_FILE = "slurm_job.json"
 """Per trial folder: the job id and what it was submitted for (read back by --resume)."""
-LIVE_STATES = frozenset({
-    "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
-    "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD",
-    "POWER_UP_NODE",
-})
-"""Job states that are not final yet."""
 RETRIED_STATES = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
 """Ends that say nothing about the layout: the trial is submitted again (up to `retries`)."""
 _UNSATISFIABLE = re.compile(r"node configuration is not available|Node count specification "
                             r"invalid|More processors requested than permitted")
 """sbatch's words for a job the cluster can never run (the layout's size, not a fault)."""
-_PATH_FIELDS = ("WorkDir", "Command", "StdOut", "StdErr", "StdIn")
 PORT_BASE, PORT_SPAN = 20000, 20000
 """Rendezvous port = PORT_BASE + job id % PORT_SPAN (trials sharing a node do not collide)."""
-
-
-# --- talking to Slurm ------------------------------------------------------------------------
-
-
-class SlurmError(AutotuneError):
-    """A Slurm command failed (sbatch refused the job, or the controller did not answer)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class JobInfo:
-    """What Slurm says about a job."""
-
-    job_id: str
-    state: str
-    """Base state (RUNNING, TIMEOUT, ...) without flags such as `CANCELLED by 0`."""
-    reason: str = ""
-    exit_code: int | None = None
-    """The batch script's exit status; negative: killed by that signal."""
-    name: str = ""
-    work_dir: str = ""
-    nodes: str = ""
-
-
-def _slurm(argv: Sequence[str], timeout_s: float = 60.0, cwd: Path | None = None,
-           env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
-                              cwd=cwd, env=dict(env) if env is not None else None, check=False)
-    except FileNotFoundError:
-        raise SlurmError(f"{argv[0]}: command not found; the slurm runner runs where the Slurm "
-                         "client commands are installed (a login node)") from None
-    except subprocess.TimeoutExpired:
-        raise SlurmError(f"{argv[0]} did not answer within {timeout_s:g} s") from None
-
-
-def submit(script: Path, env: Mapping[str, str] | None = None) -> str:
-    """Submit `script` from its folder (with `env`, which the job inherits); returns the job id.
-
-    Raises:
-        SlurmError: sbatch refused the job (its message says why).
-    """
-    done = _slurm(["sbatch", "--parsable", script.name], timeout_s=120.0, cwd=script.parent,
-                  env=env)
-    job_id = done.stdout.strip().split(";")[0]
-    if done.returncode != 0 or not job_id.isdigit():
-        message = (done.stderr or done.stdout).strip().replace("\n", " ")
-        raise SlurmError(f"sbatch refused the job: {message or f'exit code {done.returncode}'}")
-    return job_id
-
-
-def cancel(job_id: str) -> None:
-    """scancel the job (a job that already ended is no error)."""
-    _slurm(["scancel", job_id])
-
-
-def queue_states(job_ids: Sequence[str]) -> dict[str, JobInfo]:
-    """State of each job slurmctld still knows (one squeue call); unknown ids are left out.
-
-    Raises:
-        SlurmError: squeue failed for another reason than unknown ids.
-    """
-    if not job_ids:
-        return {}
-    done = _slurm(["squeue", "-h", "--states=all", "-j", ",".join(job_ids),
-                   "-o", "%i|%T|%r|%j|%N"])
-    if done.returncode != 0 and "Invalid job id" not in done.stderr:
-        raise SlurmError(f"squeue failed: {done.stderr.strip()}")
-    found = {}
-    for line in done.stdout.splitlines():
-        parts = line.split("|")
-        if len(parts) == 5 and parts[0] in job_ids:
-            found[parts[0]] = JobInfo(parts[0], parts[1], _reason(parts[2]), name=parts[3],
-                                      nodes=parts[4])
-    return found
-
-
-def _reason(text: str) -> str:
-    return "" if text in ("None", "(null)") else text
-
-
-def _exit_code(text: str) -> int | None:
-    """`N:S` (exit status : signal) as one int, negative for a signal."""
-    status, _, sig = text.partition(":")
-    if not status.isdigit():
-        return None
-    return -int(sig) if sig.isdigit() and int(sig) and not int(status) else int(status)
-
-
-def _scontrol_fields(text: str) -> dict[str, str]:
-    """`scontrol show job` (multi-line form) as a dict; paths keep their spaces."""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, _, rest = line.strip().partition("=")
-        if key in _PATH_FIELDS:  # alone on their line, and may contain spaces
-            fields[key] = rest
-        else:
-            fields.update(re.findall(r"(\S+?)=(\S*)", line))
-    return fields
-
-
-def job_info(job_id: str) -> JobInfo | None:
-    """Everything about one job: `scontrol show job`, else `sacct`; None when neither knows it."""
-    done = _slurm(["scontrol", "show", "job", job_id])
-    if done.returncode == 0 and "JobState=" in done.stdout:
-        fields = _scontrol_fields(done.stdout)
-        return JobInfo(job_id, fields.get("JobState", ""), _reason(fields.get("Reason", "")),
-                       _exit_code(fields.get("ExitCode", "")), fields.get("JobName", ""),
-                       fields.get("WorkDir", ""), fields.get("NodeList", ""))
-    done = _slurm(["sacct", "-X", "-n", "-P", "-j", job_id,
-                   "-o", "JobID,State,ExitCode,JobName,WorkDir,NodeList"])
-    for line in done.stdout.splitlines() if done.returncode == 0 else []:
-        parts = line.split("|")
-        if len(parts) == 6 and parts[0] == job_id:
-            return JobInfo(job_id, parts[1].split()[0], "", _exit_code(parts[2]), parts[3],
-                           parts[4], parts[5])
-    return None
-
-
-class _Poller:
-    """One `squeue` per interval for every job the runner follows (thread-safe)."""
-
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self._lock = threading.Lock()
-        self._jobs: set[str] = set()
-        self._known: dict[str, JobInfo] = {}
-        self._stamp = -math.inf
-        self._failures = 0
-
-    def watch(self, job_id: str) -> None:
-        with self._lock:
-            self._jobs.add(job_id)
-            self._stamp = -math.inf
-
-    def forget(self, job_id: str) -> None:
-        with self._lock:
-            self._jobs.discard(job_id)
-            self._known.pop(job_id, None)
-
-    def state(self, job_id: str) -> JobInfo | None:
-        """The job's latest state, or None when squeue no longer knows it."""
-        with self._lock:
-            if time.monotonic() - self._stamp >= self.interval_s:
-                try:
-                    self._known = queue_states(sorted(self._jobs))
-                    self._failures = 0
-                except SlurmError as error:  # a busy controller: keep the last answer
-                    self._failures += 1
-                    log.warning("slurm: %s (attempt %d)", error, self._failures)
-                    if self._failures >= 30:
-                        raise
-                self._stamp = time.monotonic()
-            return self._known.get(job_id)
 
 
 # --- the job script --------------------------------------------------------------------------
 
 
-def sbatch_directives(options: Mapping[str, str | None]) -> list[str]:
-    """`--key=value` (or `--key`) for each `--slurm-opt`, checked for an #SBATCH line.
-
-    Raises:
-        AutotuneError: A key or value would not survive an #SBATCH line.
-    """
-    return templating.sbatch_directives(options, source="--slurm-opt")
-
-
-def parse_slurm_opts(items: Sequence[str]) -> dict[str, str | None]:
-    """`--slurm-opt KEY=VAL` items (or a bare `KEY`) as a mapping."""
-    options: dict[str, str | None] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        options[key.strip()] = value if sep else None
-    return options
-
-
 def trial_sbatch_script(plan: TrialPlan, *, job_name: str, directives: Sequence[str],
-                        python: str, args: Sequence[str]) -> str:
-    """The job script of one trial (rendered by autotune.render from trial.sbatch.j2)."""
+                        python: str, args: Sequence[str], checkout: Path | None = None) -> str:
+    """The job script of one trial (rendered by autotune.render from trial.sbatch.j2): the
+    framework's built-in trial program under torchrun, or, with `checkout`, the framework's
+    rendered launch script running that checkout."""
     from autotune.render import trial_job_script
 
-    return trial_job_script(plan.cfg, plan.layout, number=plan.number,
-                            directory=plan.directory, job_name=job_name, directives=directives,
-                            python=python, module=WORKLOAD_MODULE, args=args,
-                            port_base=PORT_BASE, port_span=PORT_SPAN)
-
-
-# --- reading the trial -----------------------------------------------------------------------
-
-
-class _Metrics:
-    """The JSON records of metrics.jsonl, read as the file grows (partial lines wait)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offset = 0
-        self._partial = b""
-
-    def records(self) -> list[dict[str, Any]]:
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read()
-        except FileNotFoundError:
-            return []
-        self._offset += len(data)
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        found = []
-        for line in lines:
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                found.append(value)
-        return found
-
-
-def _log_tail(path: Path, lines: int = 60, window: int = 1 << 16) -> str:
-    try:
-        with path.open("rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, size - window))
-            text = handle.read().decode(errors="replace")
-    except FileNotFoundError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def measured(plan: TrialPlan, steps: Sequence[Mapping[str, Any]]) -> Measurement | None:
-    """Figures of the measured (non-warm-up) steps, computed as the local runner does them:
-    median step time, its spread, TFLOP/s per process from Megatron's FLOPs, MFU, peak memory.
-    None when no step was measured."""
-    cfg = plan.cfg
-    steady = [s for s in steps if not s.get("warmup") and s.get("step_time_s")]
-    if not steady:
-        return None
-    times = [float(s["step_time_s"]) for s in steady]
-    step_s = statistics.median(times)
-    tokens = float(steady[-1].get("tokens") or cfg.train.tokens_per_step)
-    flops = model_flops(cfg.model, cfg.train.seq_length, tokens / cfg.train.seq_length,
-                        framework_of(cfg).padded_vocab(cfg.model.vocab_size, plan.layout.tp))
-    tflops = float(flops) / step_s / plan.layout.world_size / 1e12
-    peaks = [float(s["peak_memory_bytes"]) for s in steps if s.get("peak_memory_bytes")]
-    return Measurement(
-        "ok", step_time_s=step_s, tokens_per_s=tokens / step_s, tflops_per_gpu=tflops,
-        mfu=tflops / cfg.cluster.gpu.peak_tflops[cfg.train.precision],
-        peak_memory_bytes=max(peaks) if peaks else None, step_time_spread=step_time_spread(times),
-    )
-
-
-def _package_root() -> str | None:
-    """The folder holding the `autotune` package, unless it is an installed site folder."""
-    root = Path(__file__).resolve().parents[2]
-    return None if root.name in ("site-packages", "dist-packages") else str(root)
+    framework = framework_of(plan.cfg)
+    common = dict(number=plan.number, directory=plan.directory, job_name=job_name,
+                  directives=directives, python=python, args=args, port_base=PORT_BASE,
+                  port_span=PORT_SPAN)
+    if checkout is not None and framework.checkout_env is not None:
+        script = str(plan.directory.resolve() / framework.launch_script)
+        return trial_job_script(plan.cfg, plan.layout, script=script,
+                                script_env={framework.checkout_env: str(checkout)}, **common)
+    module = workload_spec(framework.workload).module
+    return trial_job_script(plan.cfg, plan.layout, module=module, **common)
 
 
 # --- the runner ------------------------------------------------------------------------------
@@ -341,6 +112,10 @@ class _Job:
 
     job_id: str
     directory: Path
+    records: TrialRecords
+    """What the job's program printed so far (its metrics file, or its log for a checkout)."""
+    source: LineReader
+    """Where those lines come from."""
     reattached: bool = False
     cancelled_for: str | None = None
     """Why this runner cancelled it: pruned, timeout, hang, startup (no first step) or stopped."""
@@ -349,31 +124,17 @@ class _Job:
     last_step: float | None = None
     state: str = "PENDING"
     nodes: str = ""
-    steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    """Step records seen in metrics.jsonl."""
-    summaries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    """Summary records seen in metrics.jsonl."""
-    metrics: _Metrics | None = None
 
-    def read(self) -> int:
-        """Take in the new records of metrics.jsonl; returns how many measured steps came."""
-        if self.metrics is None:
-            self.metrics = _Metrics(self.directory / "metrics.jsonl")
-        measured = 0
-        for record in self.metrics.records():
-            if record.get("event") == "summary":
-                self.summaries.append(record)
-            elif record.get("event") == "step" and record.get("step_time_s"):
+    def read(self) -> tuple[int, float] | None:
+        """Take in the new lines; returns (measured steps, median tokens/s) when a measured
+        step came that the pruner should hear of."""
+        progress = None
+        for line in self.source.lines():
+            step = self.records.feed(line)
+            if step is not None:
                 self.last_step = time.monotonic()
-                self.steps.append(record)
-                measured += not record.get("warmup")
-        return measured
-
-    @property
-    def summary(self) -> dict[str, Any] | None:
-        """The workload's summary: the first failure one, else the last (as the local runner)."""
-        failed = [s for s in self.summaries if s.get("status") not in (None, "ok")]
-        return failed[0] if failed else (self.summaries[-1] if self.summaries else None)
+                progress = self.records.progress(step) or progress
+        return progress
 
 
 class SlurmRunner(Runner):
@@ -397,6 +158,8 @@ class SlurmRunner(Runner):
             same layout and inputs instead of submitting a new one (`--resume`).
         python: Interpreter on the compute nodes (default: this one; jobs inherit this
             environment, as sbatch's default `--export=ALL` does).
+        megatron_lm: A checkout of the framework (Megatron-LM) on the nodes; trials then run
+            its rendered launch script (pretrain_gpt.sh) instead of the built-in program.
         env: Extra environment variables of every job.
         extra_args: Appended to the workload's arguments (e.g. `("--inject", "hang")`).
 
@@ -425,6 +188,7 @@ class SlurmRunner(Runner):
         retries: int = 1,
         reattach: bool = False,
         python: str | None = None,
+        megatron_lm: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
@@ -435,25 +199,51 @@ class SlurmRunner(Runner):
         self.startup_timeout_s, self.poll_s = startup_timeout_s, poll_s
         self.steps, self.warmup, self.retries, self.reattach = steps, warmup, retries, reattach
         self.python = python or sys.executable
+        self.checkout = Path(megatron_lm).resolve() if megatron_lm is not None else None
+        self.partition = partition
         self.env = dict(env or {})
         self.extra_args = tuple(extra_args)
         self.time_limit = time_limit or str(math.ceil(timeout_s / 60) + 5)
         fixed = {"partition": partition, "account": account, "time": self.time_limit}
         self.directives = sbatch_directives(
             {**{k: v for k, v in fixed.items() if v is not None}, **dict(options or {})})
-        self._poller = _Poller(poll_s)
+        self._poller = QueuePoller(poll_s)
         self._lock = threading.Lock()
         self._active: dict[str, _Job] = {}
         self._stopping = threading.Event()
 
     # lifecycle
 
+    def check(self, cfg: AutotuneConfig) -> None:
+        """Refuse what cannot run on this Slurm cluster, before anything is submitted.
+
+        Raises:
+            AutotuneError: Slurm does not answer; the framework needs GPUs and the cluster (or
+                the partition) has none; a checkout was given for a framework without one.
+        """
+        framework = framework_of(cfg)
+        if self.checkout is not None and framework.checkout_env is None:
+            raise AutotuneError(
+                f"--megatron-lm: {framework.name} trials run its built-in program; drop "
+                "--megatron-lm or use --framework megatron"
+            )
+        if framework.trains_on_cpu or self.checkout is not None:  # a checkout decides itself
+            self.prepare()
+            return
+        gpus = not cfg.cluster.cpu_processes and partition_has_gpus(self.partition)
+        if not gpus:
+            where = f"partition {self.partition!r}" if self.partition else "the default partition"
+            on_cpu = ", ".join(f for f in FRAMEWORKS if get_framework(f).trains_on_cpu)
+            raise AutotuneError(
+                f"--framework {framework.name}: its trials train on CUDA GPUs only, and "
+                f"{where} of this Slurm cluster offers none (no gpu GRES in sinfo); use "
+                f"--framework {on_cpu}"
+            )
+
     def prepare(self) -> None:
         """Check that the Slurm client commands answer."""
         self._stopping.clear()
-        done = _slurm(["squeue", "-h", "-j", "0"])
-        if done.returncode != 0 and "Invalid job id" not in done.stderr:
-            raise SlurmError(f"squeue does not answer: {done.stderr.strip()}")
+        queue_states(["0"])
 
     def cleanup(self) -> None:
         """Cancel every job still followed (the tuner is stopping)."""
@@ -495,22 +285,32 @@ class SlurmRunner(Runner):
 
     # submitting and re-attaching
 
-    def workload_argv(self, plan: TrialPlan) -> list[str]:
-        """Arguments of the workload (after `-m module`) for this trial."""
+    def program_args(self, plan: TrialPlan) -> list[str]:
+        """Arguments of the trial program (or of the framework's launch script) for this trial."""
+        framework = framework_of(plan.cfg)
+        if self.checkout is not None:
+            return [*framework.checkout_trial_args(self.steps), *self.extra_args]
+        spec = workload_spec(framework.workload)
         folder = plan.directory.resolve()
-        (folder / "model.json").write_text(json.dumps(plan.cfg.model.model_dump(mode="json")))
-        return ["--model", str(folder / "model.json"),
-                "--ds-config", str(folder / "ds_config.json"),
-                "--layout", str(folder / "layout.json"),
-                "--seq", str(plan.cfg.train.seq_length), "--steps", str(self.steps),
-                "--warmup", str(self.warmup), "--metrics", str(folder / "metrics.jsonl"),
-                *self.extra_args]
+        return [*spec.arguments(folder, steps=self.steps, warmup=self.warmup), *self.extra_args]
+
+    def _records(self, plan: TrialPlan, job_id: str, directory: Path) -> tuple[TrialRecords,
+                                                                                 LineReader]:
+        """The records of a job and where they are read: metrics.jsonl, or the job's output
+        through the framework's log parser for a checkout (converted steps go to metrics)."""
+        if self.checkout is not None:
+            log_parser = framework_of(plan.cfg).log_parser()
+            return (TrialRecords(plan.cfg, self.warmup, log=log_parser,
+                                 metrics=directory / "metrics.jsonl"),
+                    LineReader(directory / f"slurm-{job_id}.out"))
+        return (TrialRecords(plan.cfg, self.warmup),
+                LineReader(directory / "metrics.jsonl"))
 
     def environment(self) -> dict[str, str]:
         """The environment sbatch passes on to the job: this one, plus the package's folder on
         PYTHONPATH (a source checkout), unbuffered output and `env`."""
         extra = {"PYTHONUNBUFFERED": "1"}
-        root = _package_root()
+        root = package_root()
         if root is not None:
             extra["PYTHONPATH"] = os.pathsep.join(
                 p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
@@ -518,22 +318,23 @@ class SlurmRunner(Runner):
 
     def fingerprint(self, plan: TrialPlan) -> str:
         """What a job measures: inputs, layout and workload settings (not paths)."""
-        data = {"cfg": plan.cfg.identity(), "layout": plan.layout.id,
-                "steps": self.steps, "warmup": self.warmup, "args": self.extra_args}
+        data = {"cfg": plan.cfg.identity(), "layout": plan.layout.id, "steps": self.steps,
+                "warmup": self.warmup, "args": self.extra_args,
+                "checkout": str(self.checkout) if self.checkout else None}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def _submit(self, plan: TrialPlan) -> _Job:
-        if plan.cfg.train.framework != "deepspeed":
-            raise AutotuneError(
-                f"slurm runner: the built-in workload trains with DeepSpeed; got framework "
-                f"{plan.cfg.train.framework!r} (use --framework deepspeed, or --runner command "
-                "with your own sbatch wrapper)")
         plan.directory.mkdir(parents=True, exist_ok=True)
+        if not plan.artifacts and not (plan.directory / "layout.json").exists():
+            from autotune.render import write_artifacts
+
+            write_artifacts(plan.cfg, plan.layout, plan.directory)
+        write_problem(plan.cfg, plan.directory)
         job_name = f"autotune-{plan.number:04d}-{plan.layout.id}"
         script = plan.directory / "trial.sbatch"
         script.write_text(trial_sbatch_script(
             plan, job_name=job_name, directives=self.directives, python=self.python,
-            args=self.workload_argv(plan)))
+            args=self.program_args(plan), checkout=self.checkout))
         script.chmod(0o755)
         (plan.directory / "metrics.jsonl").unlink(missing_ok=True)
         job_id = submit(script, self.environment())
@@ -542,7 +343,8 @@ class SlurmRunner(Runner):
         (plan.directory / JOB_FILE).write_text(json.dumps(record, indent=2) + "\n")
         self._note(plan, job_id, plan.directory)
         log.info("trial %d: submitted %s as Slurm job %s", plan.number, plan.layout.text, job_id)
-        return self._track(_Job(job_id, plan.directory))
+        return self._track(_Job(job_id, plan.directory,
+                                *self._records(plan, job_id, plan.directory)))
 
     def _track(self, job: _Job) -> _Job:
         with self._lock:
@@ -590,7 +392,8 @@ class SlurmRunner(Runner):
             plan.directory.mkdir(parents=True, exist_ok=True)
             (plan.directory / "reattached_to").write_text(f"{job_id} {folder}\n")
             self._note(plan, job_id, folder)
-            return self._track(_Job(job_id, folder, reattached=True))
+            return self._track(_Job(job_id, folder, *self._records(plan, job_id, folder),
+                                    reattached=True))
         return None
 
     @staticmethod
@@ -622,7 +425,8 @@ class SlurmRunner(Runner):
         """Follow the job until it ends; returns Slurm's last word on it."""
         while True:
             now = time.monotonic()
-            if job.read() and self._report(plan, job):
+            progress = job.read()
+            if progress is not None and job.cancelled_for is None and plan.report(*progress):
                 self._cancel(job, "pruned")
             info = self._poller.state(job.job_id)
             if info is None:  # gone from squeue: ask scontrol / sacct once
@@ -639,14 +443,6 @@ class SlurmRunner(Runner):
                 log.warning("job %s still %s two minutes after scancel", job.job_id, job.state)
                 return info
             time.sleep(min(self.poll_s, 1.0) if job.cancelled_for else self.poll_s)
-
-    @staticmethod
-    def _report(plan: TrialPlan, job: _Job) -> bool:
-        """Report the median throughput of the measured steps so far (as the local runner)."""
-        rates = [float(s["tokens_per_s"]) for s in job.steps
-                 if not s.get("warmup") and s.get("tokens_per_s")]
-        return job.cancelled_for is None and bool(rates) and plan.report(
-            len(rates), statistics.median(rates))
 
     def _check_limits(self, job: _Job, now: float) -> None:
         if job.cancelled_for is not None:
@@ -668,11 +464,14 @@ class SlurmRunner(Runner):
     def _outcome(self, plan: TrialPlan, job: _Job, info: JobInfo | None) -> Measurement:
         """The trial's Measurement from how the job ended."""
         job.read()
-        if info is not None and info.state == "COMPLETED" and job.summary is None:
+        finished = job.records.summary is not None or (self.checkout is not None
+                                                       and bool(job.records.steady()))
+        if info is not None and info.state == "COMPLETED" and not finished:
             time.sleep(2.0)  # a shared file system may show the last lines late
             job.read()
-        summary = job.summary
-        tail = _log_tail(job.directory / f"slurm-{job.job_id}.out")
+        summary = job.records.summary
+        text = read_tail(job.directory / f"slurm-{job.job_id}.out")
+        tail = last_lines(text)
         state = info.state if info else "UNKNOWN"
         why = job.cancelled_for
         if why == "pruned":
@@ -704,15 +503,17 @@ class SlurmRunner(Runner):
         code = info.exit_code if info else None
         exit_file = job.directory / "exit_code"
         if exit_file.exists():
-            text = exit_file.read_text().strip()
-            code = int(text) if text.lstrip("-").isdigit() else code
-        failure = classify(returncode=code, text=tail, reported=summary)
-        extra = {"exit_code": code, "steps_done": len(job.steps)}
+            written = exit_file.read_text().strip()
+            code = int(written) if written.lstrip("-").isdigit() else code
+        failure = classify(returncode=code, text=text, reported=summary)
+        extra = {"exit_code": code, "steps_done": len(job.records.steps)}
         if failure is not None:
             return Measurement(failure.status, reason=f"{failure.reason}; Slurm state {state}",
-                               log_tail=tail, extra=extra)
-        figures = measured(plan, job.steps) if summary is not None else None
+                               log_tail=tail, peak_memory_bytes=job.records.peak_memory_bytes(),
+                               extra=extra)
+        wrote_summary = summary is not None or self.checkout is not None
+        figures = job.records.figures(plan.layout, extra) if wrote_summary else None
         if figures is None:
-            return Measurement("crash", reason=f"Slurm state {state}, but the workload wrote no "
+            return Measurement("crash", reason=f"Slurm state {state}, but the program wrote no "
                                "summary after its measured steps", log_tail=tail, extra=extra)
-        return dataclasses.replace(figures, log_tail=tail, extra=extra)
+        return dataclasses.replace(figures, log_tail=tail)

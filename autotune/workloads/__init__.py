@@ -1,18 +1,23 @@
 """Built-in trial programs: real training steps that runners launch to measure a layout.
 
 Each workload is a module runnable with ``python -m`` under a distributed launcher. It reads the
-rendered framework config and ``layout.json``, trains a few steps on synthetic tokens, and
-prints one JSON line per step plus a final summary line.
+trial's ``problem.json``, ``layout.json`` and its framework's rendered config, trains a few
+steps on synthetic tokens, and prints the records of `autotune.records`. Runners find the
+program of a framework with `workload_spec(framework.workload)`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from autotune.exceptions import AutotuneError
+from autotune.specs import AutotuneConfig
 
 WORKLOADS = frozenset({"deepspeed_gpt", "megatron_gpt"})
 """Names of the built-in workloads."""
+PROBLEM_FILE = "problem.json"
+"""The trial's model, cluster and training setup, written next to its configs."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -23,32 +28,47 @@ class WorkloadSpec:
     """Registry name, e.g. ``deepspeed_gpt``."""
     module: str
     """Importable module to run with ``python -m`` (or ``torchrun -m``)."""
-    framework: str
-    """Framework whose rendered config the workload reads (``deepspeed`` or ``megatron``)."""
     description: str
     """One line for listings and reports."""
+    config_args: tuple[tuple[str, str], ...] = ()
+    """(flag, artifact file) pairs: the rendered configs the program reads."""
+
+    def arguments(self, folder: Path, *, steps: int, warmup: int) -> list[str]:
+        """The program's arguments for the trial whose files are in `folder`."""
+        args = ["--problem", str(folder / PROBLEM_FILE), "--layout", str(folder / "layout.json")]
+        for flag, artifact in self.config_args:
+            args += [flag, str(folder / artifact)]
+        return args + ["--steps", str(steps), "--warmup", str(warmup),
+                       "--metrics", str(folder / "metrics.jsonl")]
 
 
 _SPECS = {
     "deepspeed_gpt": WorkloadSpec(
         name="deepspeed_gpt",
         module="autotune.workloads.deepspeed_gpt",
-        framework="deepspeed",
         description=(
             "Llama-style GPT trained by DeepSpeed from ds_config.json and layout.json: ZeRO 0-3, "
             "offload, PipelineModule (pp), AutoTP (tp), Ulysses (cp), activation recompute"
         ),
+        config_args=(("--ds-config", "ds_config.json"),),
     ),
     "megatron_gpt": WorkloadSpec(
         name="megatron_gpt",
         module="autotune.workloads.megatron_gpt",
-        framework="megatron",
         description=(
             "GPT trained by megatron-core itself (GPTModel, local layer spec, pipeline schedules, "
             "DDP and distributed optimizer, recompute); needs CUDA"
         ),
     ),
 }
+
+
+def write_problem(cfg: AutotuneConfig, folder: Path) -> Path:
+    """Write the trial's problem.json (what `--problem` reads) into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / PROBLEM_FILE
+    path.write_text(cfg.model_dump_json(indent=2) + "\n")
+    return path
 
 
 def workload_spec(name: str) -> WorkloadSpec:

@@ -1,16 +1,8 @@
-"""What every built-in workload shares: its exit codes, layout.json, JSON records, measurements.
+"""What every built-in workload shares: arguments, layout.json, the reporter, the step loop.
 
-The record contract (one JSON object per line on rank 0's stdout, also appended to ``--metrics``):
-
-- ``{"event": "step", "step", "step_time_s", "tokens", "tokens_per_s", "loss",
-  "peak_memory_bytes", "warmup"}`` once per optimizer step;
-- ``{"event": "summary", "status", "median_step_time_s", "tokens_per_s", "peak_memory_bytes",
-  "step_time_spread", "world_size", "steps", ...}`` once at the end, or
-  ``{"event": "summary", "status", "reason", "world_size"}`` for a run that never trained.
-
-``autotune.runners.local`` parses these lines; ``autotune.runners.failures`` maps the exit codes.
-A run refused before it trained exits non-zero on rank 0 only (`Reporter.fail`), a rank that
-fails alone with its own code (`Reporter.rank_failed`); `exit_now` ends the process.
+The records a workload prints and its exit codes are the protocol of `autotune.records`. A run
+refused before it trained exits non-zero on rank 0 only (`Reporter.fail`), a rank that fails
+alone with its own code (`Reporter.rank_failed`); `exit_now` ends the process.
 """
 
 from __future__ import annotations
@@ -21,7 +13,6 @@ import json
 import math
 import os
 import resource
-import statistics
 import sys
 import time
 import traceback
@@ -38,16 +29,16 @@ from autotune.exceptions import AutotuneError
 from autotune.frameworks.base import Rule
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
+from autotune.records import EXIT_CODES
+from autotune.records import step_record
+from autotune.records import summary_record
 from autotune.rules import structural_violations
-from autotune.runners.base import step_time_spread
 from autotune.specs import AutotuneConfig
 from autotune.specs import ClusterSpec
 from autotune.specs import GPUSpec
 from autotune.specs import ModelSpec
 from autotune.specs import TrainSpec
 
-EXIT_CODES = {"ok": 0, "bad_input": 2, "nan": 3, "oom": 4, "rejected": 5}
-"""Process exit code per summary status (`autotune.runners.failures.WORKLOAD_EXIT_CODES`)."""
 SEED = 1234
 """Seed of the weights and of the synthetic token stream."""
 INJECTIONS = ("nan", "hang", "oom")
@@ -76,22 +67,33 @@ class StepPlan(Protocol):
 def workload_parser(prog: str) -> argparse.ArgumentParser:
     """A parser of the arguments every workload takes; the workload adds its own.
 
-    ``--model``, ``--problem``, ``--layout``, ``--seq``, ``--steps``, ``--warmup``,
+    ``--problem`` (or ``--model`` and ``--seq``), ``--layout``, ``--steps``, ``--warmup``,
     ``--metrics``, ``--inject``.
     """
     parser = argparse.ArgumentParser(prog=prog)
-    parser.add_argument("--model", required=True, help="preset name, YAML or HF config.json")
     parser.add_argument("--problem", type=Path,
-                        help="problem.json of the trial (model, cluster, training setup): the "
-                             "layout is checked against the rules for it")
+                        help="problem.json of the trial (model, cluster, training setup), as "
+                             "runners write it; the layout is checked against its rules")
+    parser.add_argument("--model", help="without --problem: preset name, YAML or HF config.json")
+    parser.add_argument("--seq", type=int, help="without --problem: tokens per sequence")
     parser.add_argument("--layout", required=True, type=Path, help="layout.json of the trial")
-    parser.add_argument("--seq", type=int, required=True, help="tokens per sequence")
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps, warm-up included")
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the summary")
     parser.add_argument("--metrics", type=Path, help="JSONL file the records are appended to")
     parser.add_argument("--inject", choices=INJECTIONS,
                         help=f"provoke a failure at step {INJECT_STEP}")
     return parser
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit through `parser.error` unless the problem and the step counts are usable."""
+    if args.problem is None and (args.model is None or args.seq is None):
+        parser.error("give --problem problem.json, or --model and --seq")
+    if (args.seq is not None and args.seq < 1) or args.warmup < 0 or args.steps <= args.warmup:
+        parser.error(
+            f"need --seq >= 1 and 0 <= --warmup < --steps (got seq={args.seq}, "
+            f"warmup={args.warmup}, steps={args.steps})"
+        )
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -180,44 +182,6 @@ def peak_memory_bytes() -> int:
     if torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def step_record(
-    step: int, step_time_s: float, tokens: int, loss: float, peak: int, warmup: bool
-) -> dict[str, Any]:
-    """The record of one optimizer step."""
-    return {
-        "event": "step", "step": step, "step_time_s": step_time_s, "tokens": tokens,
-        "tokens_per_s": tokens / step_time_s, "loss": loss if math.isfinite(loss) else None,
-        "peak_memory_bytes": peak, "warmup": warmup,
-    }
-
-
-def summary_record(
-    status: str,
-    times_s: list[float],
-    tokens_per_step: int,
-    peak: int,
-    loss: float,
-    *,
-    world: int,
-    steps: int,
-    warmup: int,
-    layout: Layout,
-) -> dict[str, Any]:
-    """The final record of a run that trained (status ok or nan).
-
-    ``times_s`` holds the measured (non-warm-up) step times; ``steps`` counts the steps that
-    ran, warm-up included (fewer than asked when a NaN loss ended the run).
-    """
-    median = statistics.median(times_s) if times_s else None
-    return {
-        "event": "summary", "status": status, "median_step_time_s": median,
-        "tokens_per_s": tokens_per_step / median if median else None,
-        "peak_memory_bytes": peak, "step_time_spread": step_time_spread(times_s),
-        "world_size": world, "steps": steps, "warmup": warmup,
-        "loss": loss if math.isfinite(loss) else None, "layout": layout.id,
-    }
 
 
 class Reporter:

@@ -49,11 +49,10 @@ from autotune.frameworks.base import RuleGroup
 from autotune.frameworks.base import rule
 from autotune.inputs import load_model
 from autotune.layout import Layout
-from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
-from autotune.workloads.common import EXIT_CODES as EXIT_CODES  # re-export: runners read it
 from autotune.workloads.common import SEED
 from autotune.workloads.common import Reporter
+from autotune.workloads.common import check_arguments
 from autotune.workloads.common import exit_now
 from autotune.workloads.common import inject_failure
 from autotune.workloads.common import is_oom
@@ -101,11 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = workload_parser("python -m autotune.workloads.deepspeed_gpt")
     parser.add_argument("--ds-config", required=True, type=Path, help="rendered ds_config.json")
     args, _unknown = parser.parse_known_args(argv)
-    if args.seq < 1 or args.warmup < 0 or args.steps <= args.warmup:
-        parser.error(
-            f"need --seq >= 1 and 0 <= --warmup < --steps (got seq={args.seq}, "
-            f"warmup={args.warmup}, steps={args.steps})"
-        )
+    check_arguments(parser, args)
     return args
 
 
@@ -152,7 +147,9 @@ def _precision(ds: dict[str, Any]) -> str:
     return "fp16" if (ds.get("fp16") or {}).get("enabled") else "fp32"
 
 
-def make_plan(args: argparse.Namespace, ds: dict[str, Any], world_size: int) -> Plan:
+def make_plan(
+    args: argparse.Namespace, ds: dict[str, Any], world_size: int, seq: int | None = None
+) -> Plan:
     """Check that ds_config.json, layout.json and the world agree, and resolve the trial.
 
     Raises:
@@ -178,7 +175,8 @@ def make_plan(args: argparse.Namespace, ds: dict[str, Any], world_size: int) -> 
             "from the same layout"
         )
     return Plan(layout=layout, micro_batch=micro, gas=gas, train_batch=train,
-                precision=_precision(ds), seq=args.seq, steps=args.steps, warmup=args.warmup)
+                precision=_precision(ds), seq=seq or args.seq, steps=args.steps,
+                warmup=args.warmup)
 
 
 LIMITS: list[Rule] = []
@@ -601,15 +599,6 @@ def describe_engine(engine: Any) -> dict[str, Any]:
             "zero_stage": int(engine.zero_optimization_stage()), "params_local": params}
 
 
-def problem(args: argparse.Namespace, spec: ModelSpec, plan: Plan, world: int) -> AutotuneConfig:
-    """The trial's problem: ``--problem`` (problem.json), else the model and the plan's batch."""
-    if args.problem is not None:
-        return read_problem(args.problem)
-    return trial_config(spec, world_size=world, seq_length=plan.seq,
-                        global_batch_size=plan.train_batch, precision=plan.precision,
-                        framework="deepspeed")
-
-
 def _single_process_env() -> None:
     """Without a launcher, be rank 0 of 1 on a free local port (so plain ``python -m`` works)."""
     if "RANK" in os.environ:
@@ -641,15 +630,15 @@ def run(args: argparse.Namespace) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     reporter = Reporter(rank, args.metrics)
     try:
-        spec = load_model(args.model)
+        given = read_problem(args.problem) if args.problem is not None else None
+        spec = given.model if given is not None else load_model(args.model)
         ds = read_json(args.ds_config)
-        plan = make_plan(args, ds, world)
+        plan = make_plan(args, ds, world, seq=given.train.seq_length if given else None)
+        cfg = given or trial_config(spec, world_size=world, seq_length=plan.seq,
+                                    global_batch_size=plan.train_batch,
+                                    precision=plan.precision, framework="deepspeed")
     except AutotuneError as error:
         print(f"error: {error}", file=sys.stderr)
-        return reporter.fail("bad_input", str(error), world)
-    try:
-        cfg = problem(args, spec, plan, world)
-    except AutotuneError as error:
         return reporter.fail("bad_input", str(error), world)
     reason = refusal(cfg, plan.layout, tuple(LIMITS))
     if reason is not None:

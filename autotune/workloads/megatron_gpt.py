@@ -65,6 +65,7 @@ from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
 from autotune.workloads.common import SEED
 from autotune.workloads.common import Reporter
+from autotune.workloads.common import check_arguments
 from autotune.workloads.common import exit_now
 from autotune.workloads.common import inject_failure
 from autotune.workloads.common import is_oom
@@ -111,15 +112,14 @@ class Plan:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Read the command line; launcher arguments such as ``--local_rank`` are ignored."""
     parser = workload_parser("torchrun -m autotune.workloads.megatron_gpt")
-    parser.add_argument("--gbs", type=int, required=True, help="sequences per optimizer step")
-    parser.add_argument("--precision", choices=PRECISIONS, default="bf16")
+    parser.add_argument("--gbs", type=int, help="without --problem: sequences per step")
+    parser.add_argument("--precision", choices=PRECISIONS, default="bf16",
+                        help="without --problem: compute precision")
     parser.add_argument("--attention", choices=ATTENTIONS, default="sdpa")
     args, _unknown = parser.parse_known_args(argv)
-    if args.seq < 1 or args.gbs < 1 or args.warmup < 0 or args.steps <= args.warmup:
-        parser.error(
-            f"need --seq >= 1, --gbs >= 1 and 0 <= --warmup < --steps (got seq={args.seq}, "
-            f"gbs={args.gbs}, warmup={args.warmup}, steps={args.steps})"
-        )
+    check_arguments(parser, args)
+    if args.problem is None and (args.gbs is None or args.gbs < 1):
+        parser.error(f"without --problem, give --gbs >= 1 (got {args.gbs})")
     return args
 
 
@@ -129,20 +129,20 @@ def make_plan(args: argparse.Namespace, world_size: int) -> Plan:
     Raises:
         AutotuneError: an input cannot be read or contradicts another.
     """
-    spec = load_model(args.model)
     layout = read_layout(args.layout)
-    layout.validate(world_size, args.gbs)
-    if args.seq > spec.max_position_embeddings and spec.position_embedding == "learned_absolute":
-        raise AutotuneError(
-            f"--seq: {args.seq} exceeds the model's learned positions "
-            f"({spec.max_position_embeddings}); lower --seq or raise max_position_embeddings"
-        )
     if args.problem is not None:
         cfg = read_problem(args.problem)
     else:
-        cfg = trial_config(spec, world_size=world_size, seq_length=args.seq,
+        cfg = trial_config(load_model(args.model), world_size=world_size, seq_length=args.seq,
                            global_batch_size=args.gbs, precision=args.precision,
                            framework="megatron", flash_attention=args.attention == "sdpa")
+    layout.validate(world_size, cfg.train.global_batch_size)
+    spec, seq = cfg.model, cfg.train.seq_length
+    if seq > spec.max_position_embeddings and spec.position_embedding == "learned_absolute":
+        raise AutotuneError(
+            f"--seq: {seq} exceeds the model's learned positions "
+            f"({spec.max_position_embeddings}); lower --seq or raise max_position_embeddings"
+        )
     return Plan(cfg=cfg, layout=layout, steps=args.steps, warmup=args.warmup,
                 attention=args.attention)
 

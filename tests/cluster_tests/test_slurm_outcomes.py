@@ -24,17 +24,18 @@ from helpers_cluster import tiny_config
 from helpers_cluster import trial_plan
 
 import autotune.runners.slurm as slurm
+import autotune.runners.slurm_client as slurm_client
 from autotune.exceptions import AutotuneError
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.runners.base import Measurement
 from autotune.runners.base import TrialPlan
 from autotune.runners.slurm import JOB_FILE
-from autotune.runners.slurm import JobInfo
 from autotune.runners.slurm import SlurmRunner
-from autotune.runners.slurm import parse_slurm_opts
-from autotune.runners.slurm import sbatch_directives
 from autotune.runners.slurm import trial_sbatch_script
+from autotune.runners.slurm_client import JobInfo
+from autotune.runners.slurm_client import parse_slurm_opts
+from autotune.runners.slurm_client import sbatch_directives
 
 STEP = {"event": "step", "step_time_s": 0.5, "tokens": 256, "tokens_per_s": 512.0,
         "peak_memory_bytes": 1e8}
@@ -104,6 +105,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     cluster = FakeSlurm(["COMPLETED"])
     for name in ("submit", "queue_states", "job_info", "cancel"):
         monkeypatch.setattr(slurm, name, getattr(cluster, name))
+    monkeypatch.setattr(slurm_client, "queue_states", cluster.queue_states)  # the poller's
     monkeypatch.setattr(slurm.time, "sleep", lambda s: None)  # polls back to back
     return cluster
 
@@ -238,18 +240,17 @@ def test_submission_errors(fake: FakeSlurm, tmp_path: Path,
     assert _run(fake, tmp_path).status == "rejected"
     megatron = load_config("tiny-gpt", "local", processes=2, framework="megatron",
                            seq_length=64, global_batch_size=4)
-    layout = Layout.parse("tp=1,pp=1,mbs=2", 2, 4, "megatron")
-    measurement = SlurmRunner().run(trial_plan(megatron, layout, tmp_path / "m"))
-    assert measurement.status == "crash" and "DeepSpeed" in measurement.reason
+    with pytest.raises(AutotuneError, match="--framework megatron: .*GPUs only.*--framework deep"):
+        SlurmRunner().check(megatron)
 
 
 def test_scontrol_output_keeps_paths_with_spaces() -> None:
     text = ("JobId=7 JobName=autotune-0001-x\n   JobState=TIMEOUT Reason=TimeLimit\n"
             "   ExitCode=0:15\n   WorkDir=/shared/my runs/trials/0001-x\n   NodeList=n[1-2]\n")
-    fields = slurm._scontrol_fields(text)
+    fields = slurm_client._scontrol_fields(text)
     assert fields["WorkDir"] == "/shared/my runs/trials/0001-x"
     assert fields["JobState"] == "TIMEOUT" and fields["NodeList"] == "n[1-2]"
-    assert slurm._exit_code("0:15") == -15 and slurm._exit_code("4:0") == 4
+    assert slurm_client._exit_code("0:15") == -15 and slurm_client._exit_code("4:0") == 4
 
 
 # --- the job script --------------------------------------------------------------------------
@@ -284,7 +285,7 @@ def test_script_is_sized_from_the_layout(tmp_path: Path) -> None:
     plan = trial_plan(gpu, layout, tmp_path)
     runner = SlurmRunner(partition="gpu", options={"qos": "high"})
     script = trial_sbatch_script(plan, job_name="j", directives=runner.directives,
-                                 python="python", args=runner.workload_argv(plan))
+                                 python="python", args=runner.program_args(plan))
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
     assert "#SBATCH --exclusive" in script and "--nproc_per_node 8" in script
     assert "#SBATCH --partition=gpu" in script and "#SBATCH --qos=high" in script

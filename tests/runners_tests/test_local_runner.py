@@ -10,11 +10,10 @@ from helpers_runners import tiny_config
 from autotune.exceptions import AutotuneError
 from autotune.inputs import load_config
 from autotune.layout import Layout
+from autotune.records import parse_records
+from autotune.records import step_time_spread as spread
 from autotune.runners.base import TrialPlan
-from autotune.runners.base import step_time_spread as spread
 from autotune.runners.local import LocalRunner
-from autotune.runners.local import parse_record
-from autotune.runners.local import parse_records
 
 
 def test_bad_options_are_clear_errors(tmp_path: Path) -> None:
@@ -29,7 +28,7 @@ def test_bad_options_are_clear_errors(tmp_path: Path) -> None:
 def test_check_refuses_what_cannot_run_here() -> None:
     runner = LocalRunner()
     runner.check(tiny_config())
-    with pytest.raises(AutotuneError, match="megatron-core trains on CUDA GPUs only"):
+    with pytest.raises(AutotuneError, match="--framework megatron: .* CUDA GPUs only.*deepspeed"):
         runner.check(tiny_config("megatron"))
     with pytest.raises(AutotuneError, match="runs one node"):
         runner.check(load_config("llama3-8b", "dgx-h100:2", framework="deepspeed"))
@@ -49,16 +48,16 @@ def test_command_and_environment(tmp_path: Path) -> None:
     assert env["OMP_NUM_THREADS"] == "3" and env["EXTRA"] == "1"
     megatron = runner.command(TrialPlan(tiny_config("megatron"), plan.layout, 3, tmp_path))
     assert "autotune.workloads.megatron_gpt" in megatron and "--ds-config" not in megatron
-    assert megatron[megatron.index("--gbs") + 1] == "8"
-    assert megatron[megatron.index("--precision") + 1] == "fp32"
+    assert megatron[megatron.index("--problem") + 1] == str(tmp_path / "problem.json")
     deepspeed = LocalRunner(launcher="deepspeed").command(plan)
     assert deepspeed[1:3] == ["-m", "deepspeed.launcher.runner"]
     assert deepspeed[deepspeed.index("--num_gpus") + 1] == "2" and "--module" in deepspeed
 
 
 def test_records_and_spread() -> None:
-    assert parse_record('[default0]:{"event": "step", "step": 1}') == {"event": "step", "step": 1}
-    assert parse_record("no json here") is None and parse_record("{broken") is None
+    record = {"event": "step", "step": 1}
+    assert parse_records('[default0]:{"event": "step", "step": 1}') == [record]
+    assert parse_records("no json here") == [] and parse_records("{broken") == []
     # two ranks' summaries printed at once onto one line
     both = parse_records('{"event": "summary", "rank": 0}{"event": "summary", "rank": 1}')
     assert [r["rank"] for r in both] == [0, 1]

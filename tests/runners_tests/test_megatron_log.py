@@ -11,13 +11,13 @@ import pytest
 from helpers_runners import leftovers
 from helpers_runners import tiny_config
 
+from autotune.frameworks.megatron_log import MIB
+from autotune.frameworks.megatron_log import MegatronLog
+from autotune.frameworks.megatron_log import parse_iteration
+from autotune.frameworks.megatron_log import parse_memory
 from autotune.layout import Layout
 from autotune.runners.base import TrialPlan
 from autotune.runners.local import LocalRunner
-from autotune.runners.megatron_log import MIB
-from autotune.runners.megatron_log import MegatronLog
-from autotune.runners.megatron_log import parse_iteration
-from autotune.runners.megatron_log import parse_memory
 
 # lines as megatron/training/training.py:training_log and report_memory print them
 ITERATION = (
@@ -136,7 +136,7 @@ def test_local_runner_runs_rendered_pretrain_gpt(tmp_path: Path, megatron_lm: Pa
     assert m.step_time_s == pytest.approx(0.104)  # median of 103, 104, 105 ms
     assert m.tokens_per_s == pytest.approx(cfg.train.tokens_per_step / 0.104)
     assert m.peak_memory_bytes == pytest.approx(400.0 * MIB)  # rank 1's max allocated
-    assert m.extra["megatron_tflops_per_gpu"] == 0.5
+    assert m.extra["framework_tflops_per_gpu"] == 0.5
     command = (plan.directory / "command.sh").read_text()
     assert "pretrain_gpt.sh" in command and f"MEGATRON_LM={megatron_lm}" in command
     steps = [

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from autotune import records
 from autotune.layout import Layout
 from autotune.workloads import common
 from autotune.workloads import deepspeed_gpt
@@ -29,13 +30,13 @@ def test_both_workloads_use_the_shared_helpers(name: str) -> None:
 
 
 def test_step_time_spread() -> None:
-    assert common.step_time_spread([1.0]) == 0.0
-    assert common.step_time_spread([1.0, 2.0]) == pytest.approx(1 / 1.5)
-    assert common.step_time_spread([1.0, 1.0, 2.0, 2.0]) == pytest.approx(1.0 / 1.5)
+    assert records.step_time_spread([1.0]) == 0.0
+    assert records.step_time_spread([1.0, 2.0]) == pytest.approx(1 / 1.5)
+    assert records.step_time_spread([1.0, 1.0, 2.0, 2.0]) == pytest.approx(1.0 / 1.5)
 
 
 def test_summary_counts_the_steps_that_ran() -> None:
-    summary = common.summary_record("nan", [2.0, 4.0], 100, 7, float("nan"), world=2, steps=3,
+    summary = records.summary_record("nan", [2.0, 4.0], 100, 7, float("nan"), world=2, steps=3,
                                     warmup=1, layout=Layout(mbs=1, gas=1))
     assert (summary["status"], summary["steps"], summary["loss"]) == ("nan", 3, None)
     assert summary["median_step_time_s"] == 3.0
@@ -49,7 +50,7 @@ def test_refusal_exits_nonzero_on_rank_0_only(
     metrics = tmp_path / "metrics.jsonl"
     assert common.Reporter(1, metrics).fail("rejected", "no", 2) == 0
     assert capsys.readouterr().out == "" and not metrics.exists()
-    assert common.Reporter(0, metrics).fail("rejected", "no", 2) == common.EXIT_CODES["rejected"]
+    assert common.Reporter(0, metrics).fail("rejected", "no", 2) == records.EXIT_CODES["rejected"]
     summary = {"event": "summary", "status": "rejected", "reason": "no", "world_size": 2}
     assert json.loads(capsys.readouterr().out) == json.loads(metrics.read_text()) == summary
 
@@ -59,7 +60,7 @@ def test_a_rank_failing_alone_reports_itself(capsys: pytest.CaptureFixture[str])
         raise MemoryError("can't allocate memory")
     except MemoryError as error:
         code = common.Reporter(3, None).rank_failed("oom", error, 4)
-    assert code == common.EXIT_CODES["oom"]
+    assert code == records.EXIT_CODES["oom"]
     captured = capsys.readouterr()
     assert json.loads(captured.out) == {"event": "summary", "status": "oom",
                                         "reason": "can't allocate memory", "rank": 3,

@@ -279,10 +279,19 @@ def test_pipeline_with_zero2_is_rejected(tmp_path: Path) -> None:
 # --- in-process checks -----------------------------------------------------------------------
 
 
-def test_workload_registry() -> None:
-    assert "deepspeed_gpt" in WORKLOADS
-    spec = workload_spec("deepspeed_gpt")
-    assert (spec.module, spec.framework) == (MODULE, "deepspeed")
+def test_every_framework_program_accepts_the_arguments_runners_build(tmp_path: Path) -> None:
+    """Oracle: each program's own argument parser, given what `WorkloadSpec.arguments` builds."""
+    import importlib
+
+    from autotune.frameworks import FRAMEWORKS
+    from autotune.frameworks import get_framework
+
+    for name in FRAMEWORKS:
+        spec = workload_spec(get_framework(name).workload)
+        assert spec.name in WORKLOADS
+        program = importlib.import_module(spec.module)
+        args = program.parse_args(spec.arguments(tmp_path, steps=5, warmup=1))
+        assert (args.problem, args.steps, args.warmup) == (tmp_path / "problem.json", 5, 1)
     with pytest.raises(AutotuneError, match="deepspeed_gpt"):
         workload_spec("nope")
 

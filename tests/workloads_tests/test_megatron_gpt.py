@@ -22,12 +22,12 @@ import torch
 from autotune.exceptions import AutotuneError
 from autotune.inputs import load_config
 from autotune.layout import Layout
+from autotune.records import EXIT_CODES
 from autotune.rules import violations
 from autotune.space import SearchSpace
 from autotune.space import enumerate_layouts
 from autotune.space import load_space
 from autotune.workloads import megatron_gpt as mg
-from autotune.workloads.common import EXIT_CODES
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_CUDA = not torch.cuda.is_available()

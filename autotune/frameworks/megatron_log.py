@@ -163,6 +163,11 @@ class MegatronLog:
             self.memory.append(report)
         return None
 
+    @staticmethod
+    def is_iteration(line: str) -> bool:
+        """Whether a line is an iteration line."""
+        return parse_iteration(line) is not None
+
     @classmethod
     def parse(cls, lines: Iterable[str]) -> MegatronLog:
         """Read a whole log."""
