@@ -8,8 +8,8 @@ constants, so one GPU type gets a handful of physical numbers, never one per row
 
 from __future__ import annotations
 
-import csv
 import dataclasses
+from collections.abc import Iterator
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,14 +17,13 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from autotune.constants import Constants
-from autotune.frameworks import framework_of
-from autotune.inputs import load_cluster
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.perf import estimate_time
+from autotune.published import PUBLISHED_RUNS
+from autotune.published import PublishedRun
+from autotune.published import published_runs
 from autotune.specs import AutotuneConfig
-from autotune.specs import ModelSpec
-from autotune.specs import TrainSpec
 
 FIT_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_efficiency": (0.3, 1.0),
@@ -48,6 +47,8 @@ class Measured:
     gpu: str
     reported_tflops: float = 0.0
     """TFLOP/s per GPU as the source reported it (in its own FLOPs convention), if any."""
+    source: str = ""
+    """The publication (or study) the point comes from: the unit of cross-validation."""
 
 
 def predicted_step_s(point: Measured, k: Constants) -> float:
@@ -87,99 +88,37 @@ def fit_constants(
     return base.model_copy(update=dict(zip(names, map(float, result.x), strict=True)))
 
 
-# --- published runs (../shared/data/published_runs_calibration.csv) ---------------------------
-
-_GPU_CLUSTER = {"A100-SXM": "dgx-a100", "H100": "dgx-h100"}
-
-
-def _vpp(text: str, layers_per_stage: int) -> int:
-    """'5 layers/virtual stage' → vpp = layers per stage / 5."""
-    head = text.split(" ")[0]
-    return layers_per_stage // int(head) if head.isdigit() else 1
-
-
-def published_flops(row: dict[str, str]) -> float:
-    """FLOPs per iteration in the row's own convention (`flops_definition`)."""
-    b, s = float(row["global_batch_size_seqs"]), float(row["seq_length"])
-    layers, h, v = float(row["num_layers"]), float(row["hidden_size"]), float(row["vocab_size"])
-    if row["flops_definition"].startswith("SC21_EQ3"):
-        return 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
-    if row["flops_definition"].startswith("MCORE_R080"):
-        return 72 * b * s * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
-    raise ValueError(f"unknown flops_definition {row['flops_definition']!r}")
+def at_bounds(k: Constants, names: Sequence[str]) -> list[tuple[str, str, float]]:
+    """(name, "lower" or "upper", bound) of each fitted constant within 1 % of a FIT_BOUNDS
+    limit (1 % of the range for a limit at zero): the fit is absorbing a missing term there."""
+    hits = []
+    for name in names:
+        low, high = FIT_BOUNDS[name]
+        value = getattr(k, name)
+        for side, bound in (("lower", low), ("upper", high)):
+            tolerance = 0.01 * (abs(bound) if bound else high - low)
+            if abs(value - bound) <= tolerance:
+                hits.append((name, side, bound))
+    return hits
 
 
-def _row_point(row: dict[str, str]) -> Measured:
-    h = int(row["hidden_size"])
-    model = ModelSpec(
-        name=row["model"],
-        num_layers=int(row["num_layers"]),
-        hidden_size=h,
-        num_attention_heads=int(row["num_attention_heads"]),
-        num_query_groups=int(row["num_kv_heads"] or row["num_attention_heads"]),
-        ffn_hidden_size=int(row["ffn_hidden_size"] or 4 * h),
-        vocab_size=int(row["vocab_size"]),
-        max_position_embeddings=int(row["seq_length"]),
-    )
-    gpus = int(row["num_gpus"])
-    cluster = load_cluster(f"{_GPU_CLUSTER[row['gpu_type']]}:{max(gpus // 8, 1)}")
-    if gpus < 8:
-        cluster = cluster.model_copy(update={"gpus_per_node": gpus})
-    sc21 = row["row_id"].startswith("sc21")
-    precision = "fp16" if row["precision"] == "fp16" else "bf16"
-    train = TrainSpec(
-        seq_length=int(row["seq_length"]),
-        global_batch_size=int(row["global_batch_size_seqs"]),
-        precision=precision,
-        framework="megatron",
-        flash_attention=not sc21,  # 2021 Megatron materialised the scores (fused softmax)
-        overlap_grad_reduce="impl=torch" in row["zero_or_optimizer_sharding"] or not sc21,
-    )
-    cfg = AutotuneConfig(model=model, cluster=cluster, train=train)
-    tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
-    zero = 1 if "distributed optimizer" in row["zero_or_optimizer_sharding"] else 0
-    sp = tp > 1 and row["sequence_parallel"].startswith("yes")
-    per_stage = model.num_layers // pp
-    if row["micro_batch_size"]:
-        mbs_options = [int(row["micro_batch_size"])]
-    else:
-        mbs_options = [m for m in (1, 2, 4) if train.global_batch_size % (m * dp) == 0]
-    recompute_options = (
-        ["full"] if row["recompute"].startswith("full") else ["none", "selective", "full"]
-    )
-    if row["virtual_pipeline"] and not row["virtual_pipeline"].startswith("not"):
-        vpp_options = [_vpp(row["virtual_pipeline"], per_stage)]
-    elif row["virtual_pipeline"] == "" and pp > 1 and not sc21:
-        vpp_options = [v for v in range(1, per_stage + 1) if per_stage % v == 0]
-    else:
-        vpp_options = [1]
-    layouts = [
-        Layout(
-            tp=tp,
-            pp=pp,
-            dp=dp,
-            cp=1,
-            vpp=v,
-            zero=zero,
-            mbs=mb,
-            gas=train.global_batch_size // (mb * dp),
-            recompute=rc,
-            sp=sp,
-        )
-        for mb in mbs_options
-        for rc in recompute_options
-        for v in vpp_options
-    ]
-    legal = framework_of(cfg).split_layers(
-        cfg, np.array([lay.pp for lay in layouts]), np.array([lay.vpp for lay in layouts])
-    ).legal
-    layouts = [lay for lay, ok in zip(layouts, legal, strict=True) if ok]
-    reported = float(row["tflops_per_gpu"])
-    step = published_flops(row) / (reported * 1e12 * gpus)
-    return Measured(row["row_id"], cfg, tuple(layouts), step, cluster.gpu.name, reported)
+def leave_one_source_out(
+    points: Sequence[Measured],
+) -> Iterator[tuple[str, list[Measured], list[Measured]]]:
+    """Cross-validation folds: (held-out source, the other sources' points, its points)."""
+    for source in sorted({p.source for p in points}):
+        train = [p for p in points if p.source != source]
+        yield source, train, [p for p in points if p.source == source]
 
 
-def published_points(path: str | Path) -> list[Measured]:
-    """Every row of a published-runs CSV (the format of ../shared/data) as a measured point."""
-    with open(path, newline="") as handle:
-        return [_row_point(row) for row in csv.DictReader(handle)]
+def as_point(run: PublishedRun) -> Measured:
+    """A published run the model can express, with its measured step time, as a point."""
+    return Measured(run.name, run.cfg, run.layouts, run.step_time_s, run.cfg.cluster.gpu.name,
+                    float(run.row["tflops_per_gpu"] or 0.0), run.source)
+
+
+def published_points(path: str | Path = PUBLISHED_RUNS) -> list[Measured]:
+    """The measured rows of a published-runs CSV (data/published_runs.csv) that the model can
+    express, as calibration points (candidates: see `autotune.published`)."""
+    return [as_point(run) for run in published_runs(path)
+            if run.skip is None and run.step_time_s is not None]

@@ -1,0 +1,159 @@
+"""Layouts experts ran: feasible under autotune's rules and memory model, and our #1 against them.
+
+Usage:
+    python benchmarks/published_layouts.py [--data CSV]
+
+For every row of data/published_runs.csv (measured runs and recipes without throughput):
+(a) Feasibility. Each choice of the dimensions the source left unpublished is tried; the row is
+    feasible when one choice breaks no rule. Shown: the most memory-frugal choice, its predicted
+    peak memory against the usable memory, and the rule that rejects it, if any. A run that
+    happened must not be predicted to exceed the usable memory by more than 3 %.
+(b) Our #1 against theirs: `enumerate_layouts` over the framework's default search space, widened
+    with the published values, ranks the layouts; ratio = our #1's predicted tokens/s over the
+    published layout's (its fastest feasible choice, or fastest at all when none is feasible).
+    A ratio far above 1 means the model believes it beats the experts: a model error, mostly.
+Rows the model cannot express (MoE, a GPU without a preset, a recompute policy or a pipeline
+layout it lacks) are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from autotune import enumerate_layouts
+from autotune import estimate
+from autotune import load_space
+from autotune.constants import constants_for
+from autotune.memory import GIB
+from autotune.memory import usable_gpu_bytes
+from autotune.published import PUBLISHED_RUNS
+from autotune.published import PublishedRun
+from autotune.published import label
+from autotune.published import open_dimensions
+from autotune.published import published_runs
+from autotune.rules import violations
+from autotune.space import SearchSpace
+
+TOLERANCE = 0.03
+"""A run that happened may be predicted over the usable memory by this fraction, no more."""
+
+
+def widened_space(run: PublishedRun) -> SearchSpace:
+    """The framework's default space plus every value the published candidates use."""
+    space = load_space(None, run.cfg.train.framework)
+    values = {}
+    for dim in ("tp", "pp", "cp", "vpp", "zero", "mbs", "recompute", "sp"):
+        published = {getattr(lay, dim) for lay in run.layouts}
+        values[dim] = sorted(set(getattr(space, dim)) | published, key=str)
+    return space.model_copy(update=values)
+
+
+def assess(run: PublishedRun) -> dict:
+    """Feasibility of the published layout and our #1's predicted speed-up over it."""
+    cfg = run.cfg
+    k = constants_for(cfg.cluster.gpu)
+    usable = usable_gpu_bytes(cfg, k)
+    estimates = [estimate(cfg, lay, k) for lay in run.layouts]
+    frugal = min(range(len(estimates)), key=lambda i: estimates[i].peak_memory_bytes)
+    broken = violations(cfg, run.layouts[frugal], k)
+    over = estimates[frugal].peak_memory_bytes / usable - 1
+    feasible = [e for e, lay in zip(estimates, run.layouts, strict=True)
+                if not violations(cfg, lay, k)]
+    theirs = max(feasible or estimates, key=lambda e: e.tokens_per_s)
+    if not broken:
+        verdict = "fits"
+    elif [name for name, _ in broken] == ["memory_fits"] and over <= TOLERANCE:
+        verdict = f"over by {over:.1%} (within 3 %)"
+    elif broken[0][0] == "memory_fits":
+        verdict = f"WRONGLY INFEASIBLE: memory +{over:.0%}"
+    else:
+        verdict = f"WRONGLY INFEASIBLE: {broken[0][0]}"
+    result = enumerate_layouts(cfg, widened_space(run), k)
+    ours = result.feasible.row(0) if len(result) else None
+    ours_tps = float(result.values["tokens_per_s"][0]) if len(result) else float("nan")
+    return {
+        "layout": label(run.layouts[frugal], open_dimensions(run.layouts)),
+        "peak_gib": estimates[frugal].peak_memory_bytes / GIB,
+        "usable_gib": usable / GIB,
+        "verdict": verdict,
+        "wrong": verdict.startswith("WRONGLY"),
+        "theirs_tps": theirs.tokens_per_s / cfg.world_size,
+        "ours": label(ours) if ours else "none feasible",
+        "ours_mfu": float(result.values["mfu"][0]) if len(result) else float("nan"),
+        "ratio": ours_tps / theirs.tokens_per_s,
+    }
+
+
+def source_summary(results: list[dict]) -> Table:
+    """Per source: layouts, how many fit, fit within 3 %, are wrongly infeasible, and the median
+    ours/theirs ratio."""
+    table = Table(title="Published layouts per source")
+    for column in ("source", "layouts", "fit", "within 3 %", "wrongly infeasible",
+                   "median ours/theirs", "our #1 > 62 % MFU"):
+        table.add_column(column, justify="left" if column == "source" else "right")
+    for source in sorted({r["source"] for r in results}):
+        rows = [r for r in results if r["source"] == source]
+        ratios = [r["ratio"] for r in rows if np.isfinite(r.get("ratio", np.nan))]
+        table.add_row(
+            source, str(len(rows)), str(sum(r.get("verdict") == "fits" for r in rows)),
+            str(sum(r.get("verdict", "").startswith("over by") for r in rows)),
+            str(sum(r["wrong"] for r in rows)),
+            f"{np.median(ratios):.2f}" if ratios else "n/a",
+            str(sum(r.get("ours_mfu", 0) > 0.62 for r in rows)),
+        )
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=PUBLISHED_RUNS)
+    args = parser.parse_args()
+    console = Console(width=230)
+    runs = published_runs(args.data)
+    table = Table(title="Published layouts under autotune's rules and memory model, and our #1 "
+                        "(* = dimension the source left open; the most memory-frugal choice)")
+    numbers = ("GPUs", "peak/usable GiB", "theirs tok/s/GPU", "our MFU", "ours/theirs")
+    for column in ("row", "GPUs", "published layout", "peak/usable GiB", "verdict",
+                   "theirs tok/s/GPU", "our #1", "our MFU", "ours/theirs"):
+        table.add_column(column, no_wrap=True, justify="right" if column in numbers else "left")
+    skipped: Counter = Counter()
+    results = []
+    for run in runs:
+        if run.broken_rule:
+            results.append({"wrong": True, "source": run.source})
+            table.add_row(run.name, run.row["num_gpus"], "", "",
+                          f"WRONGLY INFEASIBLE: {run.broken_rule}", "", "", "", "")
+            continue
+        if run.skip:
+            skipped[run.skip] += 1
+            continue
+        found = assess(run) | {"source": run.source}
+        results.append(found)
+        table.add_row(run.name, str(run.cfg.world_size), found["layout"],
+                      f"{found['peak_gib']:.1f} / {found['usable_gib']:.1f}", found["verdict"],
+                      f"{found['theirs_tps']:.0f}", found["ours"], f"{found['ours_mfu']:.0%}",
+                      f"{found['ratio']:.2f}")
+    console.print(table)
+    console.print(source_summary(results))
+    ratios = np.array([r["ratio"] for r in results if "ratio" in r and np.isfinite(r["ratio"])])
+    wrong = sum(r["wrong"] for r in results)
+    console.print(f"layouts assessed: {len(results)} (skipped {sum(skipped.values())})")
+    console.print(f"wrongly infeasible (a published layout predicted not to fit by more than "
+                  f"3 %, or rejected by a rule): {wrong}")
+    console.print(f"ours/theirs predicted throughput: median {np.median(ratios):.2f}, "
+                  f"max {np.max(ratios):.2f}, rows above 1.10: {int(np.sum(ratios > 1.10))}")
+    mfu = np.array([r["ours_mfu"] for r in results if "ours_mfu" in r])
+    console.print(f"our #1 above 62 % MFU: {int(np.sum(mfu > 0.62))} of {len(mfu)}")
+    for reason, count in skipped.most_common():
+        console.print(f"  skipped {count:3d}: {reason}")
+    console.print(f"target: 0 wrongly infeasible: {'met' if wrong == 0 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
