@@ -5,8 +5,8 @@ architecture choice (GQA, head width, biases, norms, activation, tying, experts,
 and their gate, dense first layers, routing) kept. The model is megatron-core's GPTModel from
 `transformer_config_kwargs` and `gpt_model_kwargs`, with the local (no Transformer Engine)
 layer spec, on gloo with world size 1. GPTModel takes the vocabulary it is given; Megatron-LM
-pads it first (`--make-vocab-size-divisible-by`, 128 per tensor-parallel rank), so the copies use
-a vocabulary of 100 padded to 128 and our count is asked for with vocab=128.
+pads it first (`--make-vocab-size-divisible-by`, 128 per tensor-parallel rank), so GPTModel gets
+the padded vocabulary (the copies' 100 becomes 128) and our count is asked for with it.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ from autotune.megatron_model import transformer_config_class
 from autotune.megatron_model import transformer_config_kwargs
 from autotune.specs import ModelSpec
 
-VOCAB, PADDED = 100, 128
 SMALL = {"num_layers": 3, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 96,
-         "vocab_size": VOCAB, "max_position_embeddings": 64}
+         "vocab_size": 100, "max_position_embeddings": 64}
 NO_TE_MLA = (
     "megatron-core 0.16.1 cannot build multi-latent attention without Transformer Engine: "
     "MLASelfAttention tests isinstance(linear_proj, TELinear) with TELinear None "
@@ -100,6 +99,11 @@ def model_parallel() -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def padded_vocab(model: ModelSpec) -> int:
+    """Megatron-LM's vocabulary at tp=1: a multiple of --make-vocab-size-divisible-by 128."""
+    return -(-model.vocab_size // 128) * 128
+
+
 def _megatron_count(model: ModelSpec, use_te: bool = False) -> int:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -109,7 +113,8 @@ def _megatron_count(model: ModelSpec, use_te: bool = False) -> int:
         params_dtype=torch.float32)
     layers = get_gpt_decoder_block_spec(config, use_transformer_engine=use_te,
                                         normalization=config.normalization)
-    kwargs = {**gpt_model_kwargs(model, model.max_position_embeddings), "vocab_size": PADDED}
+    kwargs = {**gpt_model_kwargs(model, model.max_position_embeddings),
+              "vocab_size": padded_vocab(model)}
     gpt = GPTModel(config, layers, **kwargs)
     return sum(p.numel() for p in gpt.parameters())
 
@@ -119,7 +124,7 @@ def test_megatron_core_builds_our_count(case: str, model_parallel: None) -> None
     """Oracle: megatron-core's GPTModel of the same architecture, on CPU, counts the same
     parameters (vocabulary padded as Megatron-LM pads it)."""
     model = CASES[case]()
-    assert _megatron_count(model) == model.num_params(vocab=PADDED)
+    assert _megatron_count(model) == model.num_params(vocab=padded_vocab(model))
 
 
 @pytest.mark.skipif(
@@ -131,4 +136,4 @@ def test_megatron_core_builds_our_mla_count(model_parallel: None) -> None:
     on a machine with an NVIDIA GPU), DeepSeek-V3 at toy size."""
     model = _scaled("deepseek-ai/DeepSeek-V3", kv_lora_rank=16, q_lora_rank=24, qk_head_dim=16,
                     qk_pos_emb_head_dim=8, v_head_dim=16)
-    assert _megatron_count(model, use_te=True) == model.num_params(vocab=PADDED)
+    assert _megatron_count(model, use_te=True) == model.num_params(vocab=padded_vocab(model))
