@@ -21,8 +21,8 @@ _FROZEN = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 # Model dimensions: strict ints (a bool or "768" is an input error, not a size), at most 2**31 - 1.
-# No real dimension comes near that (the largest, vocabularies and context lengths, are ~1e6);
-# a larger value is a typo, and the bound keeps products such as h·V·L exact in float64.
+# No real dimension comes near that (the largest, vocabularies and context lengths, are ~1e6),
+# so a larger value is an input error; the bound also keeps one matrix (h x V) within int64.
 _MAX_DIM = 2**31 - 1
 _Dim = Annotated[int, Field(strict=True, gt=0, le=_MAX_DIM)]
 _Count = Annotated[int, Field(strict=True, ge=0, le=_MAX_DIM)]
