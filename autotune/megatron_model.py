@@ -12,7 +12,8 @@ naming it, rather than training a different model:
 - pretrain_gpt.py: GELU's tanh approximation and ReLU (`--openai-gelu` is parsed but unused by
   megatron-core; there is no plain ReLU), a GELU-gated MLP (`--quick-geglu` is x·σ(1.702x),
   not GELU), a softmax scale other than 1/sqrt(d), a non-integer rotary base, Llama-3 rope
-  scaling other than Megatron's fixed 1/4/8192 frequency factors, and YaRN constants that
+  scaling other than factor 8 (`--rope-scaling-factor` is parsed but not passed to the model)
+  with Megatron's fixed 1/4/8192 frequency factors, and YaRN constants that
   multi-latent attention fixes (original 4096 positions, beta 32/1); megatron-core builds these;
 - the megatron-core kwargs: YaRN without multi-latent attention (GPTModel reads yarn_*
   attributes that Megatron-LM sets on the config after building it).
@@ -25,8 +26,10 @@ from typing import Any
 from autotune.exceptions import AutotuneError
 from autotune.specs import ModelSpec
 
-# Llama-3 rope scaling constants megatron-core fixes (RotaryEmbedding._apply_scaling)
-_LLAMA3_FIXED = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+# Llama-3 rope scaling constants megatron-core fixes (RotaryEmbedding._apply_scaling), and the
+# factor pretrain_gpt.py builds: gpt_config_from_args (megatron/training/argument_utils.py) passes
+# --use-rope-scaling but drops --rope-scaling-factor, so GPTModelConfig keeps its default 8
+_LLAMA3_FIXED = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                  "original_max_position_embeddings": 8192}
 # YaRN constants MLATransformerConfig fixes (no pretrain_gpt.py flag reaches them)
 _MLA_YARN_FIXED = {"original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0}
@@ -262,7 +265,7 @@ def transformer_config_kwargs(model: ModelSpec) -> dict[str, Any]:
         "layernorm_epsilon": m.norm_epsilon,
         "layernorm_zero_centered_gamma": m.layernorm_zero_centered_gamma,
         "add_bias_linear": m.add_bias_linear,
-        "add_qkv_bias": m.add_qkv_bias and not m.add_bias_linear,
+        "add_qkv_bias": m.add_qkv_bias or m.add_bias_linear,  # as Megatron-LM sets it
         "qk_layernorm": m.qk_layernorm,
         "hidden_dropout": m.hidden_dropout,
         "attention_dropout": m.attention_dropout,

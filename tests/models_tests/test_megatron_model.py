@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from helpers_models import spec
 from autotune.exceptions import AutotuneError
 from autotune.inputs import load_model
 from autotune.inputs import model_presets
+from autotune.megatron_model import gpt_model_kwargs
 from autotune.megatron_model import model_args
 from autotune.megatron_model import transformer_config_class
 from autotune.megatron_model import transformer_config_kwargs
@@ -114,3 +116,58 @@ def test_megatron_core_accepts_the_kwargs(model: ModelSpec) -> None:
     config = transformer_config_class(model)(**transformer_config_kwargs(model))
     assert (config.num_layers, config.hidden_size) == (model.num_layers, model.hidden_size)
     assert config.num_moe_experts == model.num_experts
+
+
+CPU_RUN_FLAGS = [  # what a run needs besides the model; fusions off so no kernel is asked for
+    "--micro-batch-size", "1", "--global-batch-size", "8", "--train-iters", "10", "--lr", "1e-4",
+    "--mock-data", "--tokenizer-type", "NullTokenizer", "--bf16", "--transformer-impl", "local",
+    "--no-rope-fusion", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
+    "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-bias-gelu-fusion",
+    "--no-persist-layer-norm",
+]
+
+
+def test_megatron_lm_reads_the_flags_as_our_kwargs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Oracle: Megatron-LM's own parse_args, validate_args and gpt_config_from_args (what
+    pretrain_gpt.py runs) turn model_args into a GPTModelConfig and TransformerConfig whose
+    architecture fields equal gpt_model_kwargs and transformer_config_kwargs. Needs Megatron-LM's
+    training package (the megatron-core wheel has no megatron.training)."""
+    arguments = pytest.importorskip(
+        "megatron.training.arguments", reason="Megatron-LM's megatron.training is not installed")
+    from megatron.training.argument_utils import gpt_config_from_args
+
+    # --moe-grouped-gemm asks for the GPU generation (arguments.py); the model does not change
+    monkeypatch.setattr("torch.cuda.get_device_capability", lambda *args: (9, 0))
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    for model in _models():
+        flags = model_args(model, min(model.max_position_embeddings, 4096))
+        monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *flags, *CPU_RUN_FLAGS,
+                                          "--vocab-size", str(model.vocab_size)])
+        args = arguments.parse_args()
+        arguments.validate_args(args)
+        gpt = gpt_config_from_args(args)
+        ours = gpt_model_kwargs(model, min(model.max_position_embeddings, 4096))
+        ours["seq_length"] = ours.pop("max_sequence_length")
+        del ours["vocab_size"]  # Megatron-LM pads it
+        assert {field: getattr(gpt, field) for field in ours} == ours, model.name
+        config = gpt.transformer
+        for field, value in transformer_config_kwargs(model).items():
+            got = getattr(config, field)
+            if field == "window_size":
+                got = tuple(got)
+            if field == "activation_func":
+                got, value = got.__name__, value.__name__
+            assert got == value, (model.name, field)
+
+
+def test_rope_scaling_factor_other_than_8_is_refused() -> None:
+    """Oracle: Megatron-LM d98e8a64's gpt_config_from_args (argument_utils.py), which passes
+    --use-rope-scaling to the model but not --rope-scaling-factor (GPTModelConfig keeps 8);
+    megatron-core's GPTModel itself takes the factor (Llama 3.2 uses 32)."""
+    config = dict(published("meta-llama/Llama-3.1-8B"))
+    config["rope_scaling"] = {**config["rope_scaling"], "factor": 32.0}
+    model = spec(config)
+    with pytest.raises(AutotuneError, match=r"rope_scaling\.factor 32\.0 \(Megatron fixes 8\.0"):
+        model_args(model, 8192)
+    assert gpt_model_kwargs(model, 8192)["rope_scaling_factor"] == 32.0
