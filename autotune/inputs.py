@@ -12,6 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from autotune.exceptions import AutotuneError
+from autotune.hf import hf_to_megatron
 from autotune.resources import resource_dir
 from autotune.specs import AutotuneConfig
 from autotune.specs import ClusterSpec
@@ -73,46 +74,6 @@ def _read_structured(path: Path) -> Any:
         ) from None
 
 
-def _hf_to_megatron(cfg: dict[str, Any], source: str) -> dict[str, Any]:
-    """Map a HF config.json (Llama, Mistral, Qwen2, GPT-2, GPT-NeoX) onto Megatron names."""
-
-    def first(*keys: str, default: Any = None) -> Any:
-        for key in keys:
-            if cfg.get(key) is not None:
-                return cfg[key]
-        return default
-
-    layers = first("num_hidden_layers", "n_layer")
-    hidden = first("hidden_size", "n_embd")
-    heads = first("num_attention_heads", "n_head")
-    if layers is None or hidden is None or heads is None:
-        raise AutotuneError(
-            f"{source}: not a supported Hugging Face config (need num_hidden_layers/n_layer, "
-            "hidden_size/n_embd and num_attention_heads/n_head)"
-        )
-    act = str(first("hidden_act", "activation_function", default="gelu"))
-    gated = act in ("silu", "swiglu") or cfg.get("model_type") in ("llama", "mistral", "qwen2")
-    model_type = cfg.get("model_type", "")
-    llama_like = gated
-    return {
-        "name": cfg.get("_name_or_path") or model_type or source,
-        "num_layers": layers,
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_query_groups": first("num_key_value_heads", default=heads),
-        "ffn_hidden_size": first("intermediate_size", "n_inner", default=4 * hidden),
-        "vocab_size": cfg["vocab_size"],
-        "activation": "swiglu" if gated else "gelu",
-        "tied_embeddings": bool(first("tie_word_embeddings", default=model_type == "gpt2")),
-        "max_position_embeddings": first("max_position_embeddings", "n_positions", default=2048),
-        "normalization": "rmsnorm" if llama_like else "layernorm",
-        "position_embedding": "rope"
-        if (llama_like or model_type == "gpt_neox")
-        else "learned_absolute",
-        "add_bias_linear": not llama_like,
-    }
-
-
 def load_model(ref: str) -> ModelSpec:
     """A model from a preset name, a YAML file (Megatron names) or a Hugging Face config.json."""
     presets = _presets("models")
@@ -128,7 +89,7 @@ def load_model(ref: str) -> ModelSpec:
     if isinstance(data, dict) and (
         "model_type" in data or "architectures" in data or "n_layer" in data
     ):
-        data = _hf_to_megatron(data, str(path))
+        data = hf_to_megatron(data, str(path))
     elif isinstance(data, dict):
         data = {"name": path.stem, **data}
     return _build(ModelSpec, data, str(path))

@@ -76,6 +76,8 @@ def test_huggingface_llama_config(tmp_path) -> None:
                 "max_position_embeddings": 8192,
                 "hidden_act": "silu",
                 "tie_word_embeddings": False,
+                "rope_theta": 500000.0,
+                "rms_norm_eps": 1e-05,
             }
         )
     )

@@ -53,7 +53,7 @@ MEGATRON_ARGS=(
   --num-attention-heads 128
   --ffn-hidden-size 53248
   --seq-length 8192
-  --max-position-embeddings 8192
+  --max-position-embeddings 131072
   --group-query-attention
   --num-query-groups 8
   --swiglu
