@@ -71,7 +71,8 @@ class ModelSpec(BaseModel):
     """A decoder-only transformer, dense or Mixture-of-Experts, in Megatron-LM's argument names.
 
     Each field's docstring names the `pretrain_gpt.py` flag (or megatron-core field) it sets;
-    `autotune.megatron_model` turns a spec into them and refuses what Megatron cannot build.
+    `autotune.frameworks.megatron_model` turns a spec into them and refuses what Megatron
+    cannot build.
     `param_counts()` (autotune/params.py) is the one source of parameter counts.
     """
 

@@ -19,6 +19,8 @@ from typing import Any
 
 from autotune.exceptions import AutotuneError
 from autotune.frameworks.base import ADAMW
+from autotune.frameworks.megatron_model import model_args
+from autotune.frameworks.megatron_model import transformer_config_kwargs as model_config_kwargs
 from autotune.layout import Layout
 from autotune.specs import AutotuneConfig
 
@@ -80,31 +82,6 @@ def pipeline_split(cfg: AutotuneConfig, layout: Layout) -> tuple[int | None, int
 
 def _number(value: float) -> str:
     return str(value)
-
-
-def _model_args(cfg: AutotuneConfig) -> list[str]:
-    m, t = cfg.model, cfg.train
-    args = [
-        "--num-layers", str(m.num_layers),
-        "--hidden-size", str(m.hidden_size),
-        "--num-attention-heads", str(m.num_attention_heads),
-        "--ffn-hidden-size", str(m.ffn),
-        "--seq-length", str(t.seq_length),
-        "--max-position-embeddings", str(max(m.max_position_embeddings, t.seq_length)),
-    ]
-    if m.query_groups != m.num_attention_heads:
-        args += ["--group-query-attention", "--num-query-groups", str(m.query_groups)]
-    if m.gated:
-        args.append("--swiglu")
-    if not m.tied_embeddings:
-        args.append("--untie-embeddings-and-output-weights")
-    if m.normalization == "rmsnorm":
-        args += ["--normalization", "RMSNorm"]
-    if m.position_embedding == "rope":
-        args += ["--position-embedding-type", "rope"]
-    if not m.add_bias_linear:
-        args.append("--disable-bias-linear")
-    return args
 
 
 def _parallel_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
@@ -194,7 +171,7 @@ def megatron_args(
     args += _recompute_args(layout)
     args += ["--micro-batch-size", str(layout.mbs),
              "--global-batch-size", str(layout.global_batch_size)]
-    args += _model_args(cfg) + _precision_args(cfg)
+    args += model_args(cfg.model, cfg.train.seq_length) + _precision_args(cfg)
     if mock_data:
         args += ["--mock-data", "--tokenizer-type", "NullTokenizer",
                  "--vocab-size", str(cfg.model.vocab_size)]
@@ -224,26 +201,15 @@ def _dtype(cfg: AutotuneConfig) -> Any:
 def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
     """Keyword arguments of megatron-core's `TransformerConfig` for this layout.
 
-    Mirrors `megatron_args` (and Megatron-LM's `core_transformer_config_from_args`): model shape,
-    tp/pp/vpp/cp/sp, uneven first/last stages, precision and recompute. Builds on CPU without
-    torch.distributed.
+    Mirrors `megatron_args` (and Megatron-LM's `core_transformer_config_from_args`): the model's
+    architecture (`autotune.frameworks.megatron_model`), tp/pp/vpp/cp/sp, uneven first/last
+    stages, precision and recompute. Builds on CPU without torch.distributed.
     """
-    import torch.nn.functional as F
-
-    m, precision = cfg.model, cfg.train.precision
+    precision = cfg.train.precision
     dtype = _dtype(cfg)
     _, edge = pipeline_split(cfg, layout)
     kwargs: dict[str, Any] = {
-        "num_layers": m.num_layers,
-        "hidden_size": m.hidden_size,
-        "num_attention_heads": m.num_attention_heads,
-        "num_query_groups": m.query_groups,
-        "ffn_hidden_size": m.ffn,
-        "kv_channels": m.head_dim,
-        "gated_linear_unit": m.gated,
-        "activation_func": F.silu if m.gated else F.gelu,
-        "normalization": "RMSNorm" if m.normalization == "rmsnorm" else "LayerNorm",
-        "add_bias_linear": m.add_bias_linear,
+        **model_config_kwargs(cfg.model),
         "tensor_model_parallel_size": layout.tp,
         "pipeline_model_parallel_size": layout.pp,
         "virtual_pipeline_model_parallel_size": layout.vpp if layout.vpp > 1 else None,

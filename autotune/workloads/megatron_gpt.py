@@ -59,10 +59,11 @@ from autotune.frameworks.megatron_args import fsdp
 from autotune.frameworks.megatron_args import needs_single_connection
 from autotune.frameworks.megatron_args import optimizer_config_kwargs
 from autotune.frameworks.megatron_args import transformer_config_kwargs
+from autotune.frameworks.megatron_model import gpt_model_kwargs
+from autotune.frameworks.megatron_model import transformer_config_class
 from autotune.inputs import load_model
 from autotune.layout import Layout
 from autotune.specs import AutotuneConfig
-from autotune.specs import ModelSpec
 from autotune.workloads.common import SEED
 from autotune.workloads.common import Reporter
 from autotune.workloads.common import check_arguments
@@ -181,9 +182,8 @@ def build_configs(cfg: AutotuneConfig, layout: Layout) -> tuple[Any, Any, Any]:
     """
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
-    from megatron.core.transformer import TransformerConfig
 
-    transformer = TransformerConfig(
+    transformer = transformer_config_class(cfg.model)(
         **transformer_config_kwargs(cfg, layout), **_transformer_extra_kwargs(layout)
     )
     ddp = DistributedDataParallelConfig(
@@ -269,15 +269,17 @@ class SDPAttention(torch.nn.Module):
         return out.permute(2, 0, 1, 3).reshape(query.shape[0], query.shape[1], -1)
 
 
-def layer_spec(spec: ModelSpec, attention: str) -> Any:
-    """The local (non-Transformer-Engine) GPT layer spec, with SDPA core attention if asked."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+def layer_spec(config: Any, attention: str) -> Any:
+    """The local (non-Transformer-Engine) decoder block spec of the model (dense and MoE layers
+    as the config says), with SDPA core attention if asked."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-    norm = "RMSNorm" if spec.normalization == "rmsnorm" else "LayerNorm"
-    layer = get_gpt_layer_local_spec(normalization=norm)
+    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
+                                       normalization=config.normalization)
     if attention == "sdpa":
-        layer.submodules.self_attention.submodules.core_attention = SDPAttention
-    return layer
+        for layer in block.layer_specs:
+            layer.submodules.self_attention.submodules.core_attention = SDPAttention
+    return block
 
 
 def build_model(plan: Plan, config: Any) -> list[torch.nn.Module]:
@@ -288,7 +290,9 @@ def build_model(plan: Plan, config: Any) -> list[torch.nn.Module]:
     from megatron.core.transformer.module import Float16Module
 
     m, lay, train = plan.cfg.model, plan.layout, plan.cfg.train
-    spec = layer_spec(m, plan.attention)
+    spec = layer_spec(config, plan.attention)
+    architecture = {**gpt_model_kwargs(m, train.seq_length),
+                    "vocab_size": framework_of(plan.cfg).padded_vocab(m.vocab_size, lay.tp)}
     chunks: list[torch.nn.Module] = []
     for stage in range(lay.vpp):
         vp_stage = stage if lay.vpp > 1 else None
@@ -297,13 +301,10 @@ def build_model(plan: Plan, config: Any) -> list[torch.nn.Module]:
         chunks.append(GPTModel(
             config=config,
             transformer_layer_spec=spec,
-            vocab_size=framework_of(plan.cfg).padded_vocab(m.vocab_size, lay.tp),
-            max_sequence_length=max(m.max_position_embeddings, train.seq_length),
             pre_process=first,
             post_process=last,
-            share_embeddings_and_output_weights=m.tied_embeddings,
-            position_embedding_type=m.position_embedding,
             vp_stage=vp_stage,
+            **architecture,
         ))
     for chunk in chunks:
         for param in chunk.parameters():

@@ -12,8 +12,6 @@ the padded vocabulary (the copies' 100 becomes 128) and our count is asked for w
 from __future__ import annotations
 
 import importlib.util
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,10 +19,10 @@ import torch
 from helpers_models import published
 from helpers_models import spec
 
+from autotune.frameworks.megatron_model import gpt_model_kwargs
+from autotune.frameworks.megatron_model import transformer_config_class
+from autotune.frameworks.megatron_model import transformer_config_kwargs
 from autotune.inputs import load_model
-from autotune.megatron_model import gpt_model_kwargs
-from autotune.megatron_model import transformer_config_class
-from autotune.megatron_model import transformer_config_kwargs
 from autotune.specs import ModelSpec
 
 SMALL = {"num_layers": 3, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 96,
@@ -77,26 +75,6 @@ CASES = {
         num_query_groups=2, moe_router_enable_expert_bias=False),
     "tiny-moe preset": lambda: load_model("tiny-moe"),
 }
-
-
-@pytest.fixture(scope="module")
-def model_parallel() -> Iterator[None]:
-    """megatron-core's parallel state on gloo, world size 1 (what CPU trials use)."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    started = not dist.is_initialized()
-    if started:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                                world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
-    yield
-    parallel_state.destroy_model_parallel()
-    if started:
-        dist.destroy_process_group()
 
 
 def padded_vocab(model: ModelSpec) -> int:

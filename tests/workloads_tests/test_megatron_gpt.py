@@ -309,13 +309,19 @@ def test_custom_space_of_fsdp_and_offload_builds() -> None:
 # --- the model pieces that run without a GPU --------------------------------------------------
 
 
-def test_layer_spec_swaps_core_attention() -> None:
+@pytest.mark.parametrize("preset", ["tiny-gpt", "tiny-moe"])
+def test_layer_spec_swaps_core_attention(preset: str, model_parallel: None) -> None:
+    """Oracle: megatron-core's own decoder block spec (dense or MoE layers, local modules)."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
-    spec = load_config("tiny-gpt", "dgx-h100:1").model
-    sdpa = mg.layer_spec(spec, "sdpa").submodules.self_attention.submodules.core_attention
-    local = mg.layer_spec(spec, "local").submodules.self_attention.submodules.core_attention
-    assert sdpa is mg.SDPAttention and local is DotProductAttention
+    cfg = load_config(preset, "dgx-h100:1", framework="megatron")
+    layout = Layout(dp=8, zero=1, gas=cfg.train.global_batch_size // 8)
+    config, _, _ = mg.build_configs(cfg, layout)
+    for attention, expected in (("sdpa", mg.SDPAttention), ("local", DotProductAttention)):
+        block = mg.layer_spec(config, attention)
+        assert len(block.layer_specs) == cfg.model.num_layers
+        for layer in block.layer_specs:
+            assert layer.submodules.self_attention.submodules.core_attention is expected
 
 
 def test_sdpa_attention_matches_causal_softmax_with_gqa() -> None:

@@ -54,13 +54,19 @@ MEGATRON_ARGS=(
   --ffn-hidden-size 53248
   --seq-length 8192
   --max-position-embeddings 131072
+  --normalization RMSNorm
+  --norm-epsilon 1e-05
+  --hidden-dropout 0
+  --attention-dropout 0
+  --swiglu
+  --disable-bias-linear
+  --untie-embeddings-and-output-weights
   --group-query-attention
   --num-query-groups 8
-  --swiglu
-  --untie-embeddings-and-output-weights
-  --normalization RMSNorm
   --position-embedding-type rope
-  --disable-bias-linear
+  --rotary-base 500000
+  --use-rope-scaling
+  --rope-scaling-factor 8
   --bf16
   --mock-data
   --tokenizer-type NullTokenizer
