@@ -260,9 +260,6 @@ class TrialRecords:
         times = [float(s["step_time_s"]) for s in steady]
         step_s = statistics.median(times)
         tokens = float(steady[-1].get("tokens") or cfg.train.tokens_per_step)
-        vocab = framework_of(cfg).padded_vocab(cfg.model.vocab_size, layout.tp)
-        flops = model_flops(cfg.model, cfg.train.seq_length, tokens / cfg.train.seq_length, vocab)
-        tflops = float(flops) / step_s / layout.world_size / 1e12
         if self.log is not None:
             logged = self.log.measured(self.warmup)
             extra["peak_memory_by_rank"] = {
@@ -273,9 +270,30 @@ class TrialRecords:
         if loss is not None:
             extra["final_loss"] = float(loss)
         extra["steps_measured"] = len(times)
-        return Measurement(
-            "ok", step_time_s=step_s, tokens_per_s=tokens / step_s, tflops_per_gpu=tflops,
-            mfu=tflops / cfg.cluster.gpu.peak_tflops[cfg.train.precision],
-            peak_memory_bytes=self.peak_memory_bytes(), step_time_spread=step_time_spread(times),
-            extra=extra,
-        )
+        return measured(cfg, layout, step_s, tokens=tokens,
+                        peak_memory_bytes=self.peak_memory_bytes(),
+                        step_time_spread=step_time_spread(times), extra=extra)
+
+
+def measured(
+    cfg: AutotuneConfig,
+    layout: Layout,
+    step_time_s: float,
+    *,
+    tokens: float | None = None,
+    peak_memory_bytes: float | None = None,
+    step_time_spread: float | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Measurement:
+    """An ok Measurement from a step time: tokens/s, TFLOP/s per GPU (Megatron-Core's model
+    FLOPs of `tokens` over the layout's GPUs) and MFU against the GPU's peak."""
+    tokens = tokens or cfg.train.tokens_per_step
+    vocab = framework_of(cfg).padded_vocab(cfg.model.vocab_size, layout.tp)
+    flops = model_flops(cfg.model, cfg.train.seq_length, tokens / cfg.train.seq_length, vocab)
+    tflops = float(flops) / step_time_s / layout.world_size / 1e12
+    return Measurement(
+        "ok", step_time_s=step_time_s, tokens_per_s=tokens / step_time_s, tflops_per_gpu=tflops,
+        mfu=tflops / cfg.cluster.gpu.peak_tflops[cfg.train.precision],
+        peak_memory_bytes=peak_memory_bytes, step_time_spread=step_time_spread,
+        extra=dict(extra or {}),
+    )

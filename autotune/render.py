@@ -40,8 +40,6 @@ from autotune.frameworks.megatron_args import megatron_args
 from autotune.layout import Layout
 from autotune.rules import structural_violations
 from autotune.specs import AutotuneConfig
-from autotune.templating import flag_lines
-from autotune.templating import render_template
 from autotune.templating import sbatch_directives
 from autotune.templating import version
 
@@ -158,39 +156,6 @@ def render_artifacts(
         )
     return _options_render(cfg, layout, job_name=job_name, program=program,
                            megatron_lm=megatron_lm, train_iters=train_iters)
-
-
-def trial_job_script(
-    cfg: AutotuneConfig,
-    layout: Layout,
-    *,
-    number: int,
-    directory: Path,
-    job_name: str,
-    directives: Sequence[str],
-    python: str,
-    args: Sequence[str],
-    port_base: int,
-    port_span: int,
-    module: str | None = None,
-    script: str | None = None,
-    script_env: Mapping[str, str] | None = None,
-) -> str:
-    """The sbatch script of one Slurm trial (templates/slurm/trial.sbatch.j2): srun runs, on
-    every node, torchrun of the trial program `module`, or the framework's launch `script` (with
-    `script_env`); the rendezvous comes from the Slurm environment."""
-    if (module is None) == (script is None):
-        raise AutotuneError("trial job: give the program as exactly one of module or script")
-    world = layout.world_size
-    per_node = min(cfg.cluster.gpus_per_node, world)
-    return render_template(
-        "slurm/trial.sbatch.j2", job_name=job_name, nodes=-(-world // per_node),
-        nproc_per_node=per_node, cpu_only=cfg.cluster.cpu_processes, directives=list(directives),
-        number=number, version=version(), layout_text=layout.text, world_size=world,
-        trial_dir=str(directory.resolve()), port_base=port_base, port_span=port_span,
-        python=python, module=module, script=script, script_env=dict(script_env or {}),
-        arg_lines=flag_lines(args),
-    )
 
 
 def _plain(value: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Measured memory and step time on one GPU beside the model's predictions (issue 7).
+"""Measured memory and step time on one H200 GPU beside the model's predictions.
 
 Usage:
     python benchmarks/gpu_check.py [--out FILE.md] [--budget-s 360]   # one CUDA GPU
@@ -24,10 +24,10 @@ first); within that, micro-batch 1 at each recompute, then one step along each o
 DeepSpeed (it is the newer program, and DeepSpeed's JIT ops build meanwhile). A point whose
 estimated cost exceeds the time left is skipped, and so are larger micro-batches of a setting
 that ran out of memory and points whose offloaded states could exhaust the host. Writes the
-table as Markdown (and the raw records as JSON beside it) to ``$OUT/h200-<date>.md`` or
-``--out``, and prints it.
+table as Markdown (and the raw records as JSON beside it) to
+``benchmarks/results/h200-<date>.md`` or ``--out``, and prints it.
 
-Targets (issue 7): predicted peak within 8 % of measured on every point that ran; no point the
+Targets: predicted peak within 8 % of measured on every point that ran; no point the
 model calls feasible runs out of memory; step time within 10 % after the fit (``--refit``).
 """
 
@@ -85,12 +85,12 @@ ZEROS = (0, 1, 2, 3)
 MEGATRON_ZERO = 1
 """The megatron-core points use the distributed optimizer (Megatron-LM's usual setting)."""
 HOST_MEMORY_GB = 128 * GIB / 1e9
-"""Host memory of the device machine (128 GiB, /work/.library/device/KINDS.md)."""
+"""Host memory of the GPU machine the check was written for (128 GiB)."""
 HOST_SAFE_FRACTION = 0.5
 """Points whose predicted offloaded states pass this share of the host are not run: a host OOM
 could take the whole machine (and the run's results) with it."""
 BUDGET_S = 360.0
-"""Default wall-clock budget of the points, seconds (the device call has 8 minutes in all)."""
+"""Default wall-clock budget of the points, seconds (about 8 minutes with setup and tests)."""
 NEAR_LIMIT = 1.1
 """Infeasible points predicted under this multiple of usable memory run before the others."""
 STARTUP_S = {"megatron": (12.0, 1.5), "deepspeed": (12.0, 4.0)}
@@ -679,8 +679,7 @@ def _record(point: Point, pred: Prediction, res: Result, k: Constants) -> dict[s
 
 
 def _default_out() -> Path:
-    folder = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "benchmarks" / "results"
-    return folder / f"h200-{datetime.date.today().isoformat()}.md"
+    return ROOT / "benchmarks" / "results" / f"h200-{datetime.date.today().isoformat()}.md"
 
 
 def _environment() -> str:
@@ -705,7 +704,8 @@ def _environment() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="Markdown file (default $OUT/h200-<date>.md)")
+    parser.add_argument("--out", type=Path,
+                        help="Markdown file (default benchmarks/results/h200-<date>.md)")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="wall-clock budget")
     parser.add_argument("--dry-run", action="store_true", help="list points and predictions")
     parser.add_argument("--refit", type=Path, help="records (.json) of a run: suggest constants")

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import logging
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -65,6 +66,29 @@ EXAMPLES = {
 """The simulate examples, by folder name."""
 
 
+def strip_machine_paths(folder: Path) -> None:
+    """Rewrite the folder's text files without this machine's paths (the folder itself becomes
+    `.`, the repository `.`, the interpreter `python`, the home folder `~`), so committed examples
+    carry nothing of the machine that made them."""
+    home = str(Path.home())
+    replacements = [(str(folder.resolve()), "."), (str(REPORTS.parent.resolve()), "."),
+                    (sys.executable, "python"), (str(Path(sys.executable).resolve()), "python"),
+                    (home, "~")]
+    replacements.sort(key=lambda pair: -len(pair[0]))
+    for path in folder.rglob("*"):
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        changed = text
+        for old, new in replacements:
+            changed = changed.replace(old, new)
+        if changed != text:
+            path.write_text(changed)
+
+
 def _runner(example: Example) -> Runner:
     from autotune.runners.simulate import SimulateRunner
 
@@ -94,6 +118,7 @@ def generate(example: Example, out: Path) -> Path:
         gpus = [n * cfg.cluster.gpus_per_node for n in example.nodes]
         sweep(cfg, best, gpus, example.mode, runner, folder)  # type: ignore[arg-type]
     write_report(folder)
+    strip_machine_paths(folder)
     return folder
 
 
@@ -131,6 +156,7 @@ def generate_local(out: Path, processes: int = 4, trials: int = 6) -> Path:
         sizes = [n for n in (1, 2, 4) if n <= processes]
         sweep(cfg, best, sizes, "weak", runner, folder)
     write_report(folder)
+    strip_machine_paths(folder)
     return folder
 
 

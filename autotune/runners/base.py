@@ -76,8 +76,10 @@ class Runner(abc.ABC):
     needs_artifacts: bool = False
     """True when the runner reads the rendered configs (they are written per trial)."""
 
-    def check(self, cfg: AutotuneConfig) -> None:  # noqa: B027 - optional hook
-        """Raise AutotuneError when this runner cannot run trials of `cfg` (no-op by default)."""
+    @abc.abstractmethod
+    def check(self, cfg: AutotuneConfig) -> None:
+        """Raise AutotuneError (naming the option to change) when this runner cannot run trials
+        of `cfg`; `tune` and `scale` call it before the first trial."""
 
     def prepare(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Set up shared resources (no-op by default)."""

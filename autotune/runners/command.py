@@ -10,17 +10,21 @@ failed trial with the reason; the study goes on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
 from typing import Any
 
 from autotune.exceptions import AutotuneError
+from autotune.frameworks import framework_of
+from autotune.records import measured
 from autotune.runners.base import STATUSES
 from autotune.runners.base import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.process import run_process
+from autotune.specs import AutotuneConfig
 
 PLACEHOLDERS = (
     "layout_json",
@@ -31,6 +35,9 @@ PLACEHOLDERS = (
     "layout",
     "world_size",
 )
+_ARTIFACT_OF = {"layout_json": "layout.json", "ds_config": "ds_config.json",
+                "megatron_script": "pretrain_gpt.sh", "sbatch": "sbatch.sh"}
+"""The rendered file each file placeholder names."""
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
 """Only these names are replaced; other braces (JSON, shell) stay as written."""
 
@@ -48,27 +55,25 @@ def parse_json_line(line: str) -> dict[str, Any] | None:
 
 
 def measurement_from_metrics(plan: TrialPlan, metrics: dict[str, Any]) -> Measurement:
-    """Turn the command's final JSON object into a Measurement."""
+    """Turn the command's final JSON object into a Measurement (figures as every runner computes
+    them: tokens/s from the step time, TFLOP/s per GPU and MFU from the model's FLOPs)."""
     tokens = plan.cfg.train.tokens_per_step
     step = metrics.get("step_time_s")
     rate = metrics.get("tokens_per_s")
     if step is None and rate is None:
         return Measurement("crash", reason="final JSON has neither step_time_s nor tokens_per_s")
     step = float(step) if step is not None else tokens / float(rate)
-    rate = float(rate) if rate is not None else tokens / step
     status = str(metrics.get("status", "ok"))
     if status not in STATUSES:
         status = "crash"
     peak = metrics.get("peak_memory_bytes")
     if peak is None and metrics.get("peak_memory_gb") is not None:
         peak = float(metrics["peak_memory_gb"]) * 1e9
-    return Measurement(
-        status,
-        step_time_s=step,
-        tokens_per_s=rate,
-        peak_memory_bytes=float(peak) if peak is not None else None,
-        step_time_spread=metrics.get("step_time_spread"),
-    )
+    spread = metrics.get("step_time_spread")
+    figures = measured(plan.cfg, plan.layout, step,
+                       peak_memory_bytes=float(peak) if peak is not None else None,
+                       step_time_spread=float(spread) if spread is not None else 0.0)
+    return dataclasses.replace(figures, status=status)
 
 
 class CommandRunner(Runner):
@@ -85,6 +90,19 @@ class CommandRunner(Runner):
             )
         self.template = template
         self.timeout_s = timeout_s
+
+    def check(self, cfg: AutotuneConfig) -> None:
+        """Refuse a template that names a file the framework does not render."""
+        framework = framework_of(cfg)
+        rendered = {*framework.artifacts, "layout.json"}
+        for name in sorted(set(_PLACEHOLDER.findall(self.template))):
+            artifact = _ARTIFACT_OF.get(name)
+            if artifact is not None and artifact not in rendered:
+                raise AutotuneError(
+                    f"--command: {{{name}}} names {artifact}, which --framework {framework.name} "
+                    f"does not render ({', '.join(sorted(rendered))}); change the template or "
+                    "--framework"
+                )
 
     def command_line(self, plan: TrialPlan) -> str:
         """The template with every placeholder replaced by a quoted value."""

@@ -205,10 +205,6 @@ class LocalRunner(Runner):
     def _write_inputs(self, plan: TrialPlan, argv: list[str], extra_env: dict[str, str]) -> None:
         folder = plan.directory
         folder.mkdir(parents=True, exist_ok=True)
-        if not plan.artifacts and not (folder / "layout.json").exists():
-            from autotune.render import write_artifacts
-
-            write_artifacts(plan.cfg, plan.layout, folder)
         write_problem(plan.cfg, folder)
         (folder / "metrics.jsonl").write_text("")
         assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in extra_env.items())

@@ -14,6 +14,7 @@ import numpy as np
 from autotune.constants import Constants
 from autotune.constants import constants_for
 from autotune.estimate import evaluate
+from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.memory import usable_gpu_bytes
@@ -52,9 +53,21 @@ class SimulateRunner(Runner):
 
     name = "simulate"
 
-    def __init__(self, noise: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, noise: float = 0.0, seed: int = 0, hidden_memory_gib: float = 0.0) -> None:
         self.noise = noise
         self.seed = seed
+        self.hidden_memory_gib = hidden_memory_gib
+        """Memory the simulated cluster uses that the model does not know (runtime, drivers,
+        fragmentation), GiB per GPU: layouts near the memory edge then run out of memory."""
+
+    def check(self, cfg: AutotuneConfig) -> None:
+        """The model needs the GPU's peak at the training precision."""
+        if cfg.train.precision not in cfg.cluster.gpu.peak_tflops:
+            supported = ", ".join(cfg.cluster.gpu.peak_tflops)
+            raise AutotuneError(
+                f"--precision {cfg.train.precision}: {cfg.cluster.gpu.name} has no "
+                f"{cfg.train.precision} peak; choose one of {supported}"
+            )
 
     def truth_constants(self, cfg: AutotuneConfig) -> Constants:
         """The constants of the simulated cluster."""
@@ -64,14 +77,15 @@ class SimulateRunner(Runner):
         cfg, layout = plan.cfg, plan.layout
         k = self.truth_constants(cfg)
         values = evaluate(cfg, LayoutTable.from_layouts([layout]), k)
-        peak = float(values["peak_memory_bytes"][0])
+        peak = float(values["peak_memory_bytes"][0]) + self.hidden_memory_gib * 2**30
         if peak > usable_gpu_bytes(cfg, k):
             return Measurement(
                 "oom", peak_memory_bytes=peak, reason="simulated peak memory exceeds the GPU"
             )
         factor = layout_jitter(layout, self.noise, self.seed)
         step = float(values["step_time_s"][0]) * factor
-        plan.report(1, cfg.train.tokens_per_step / step)
+        if plan.report(1, cfg.train.tokens_per_step / step):
+            return Measurement("pruned", reason="stopped by the pruner")
         return Measurement(
             "ok",
             step_time_s=step,

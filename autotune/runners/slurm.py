@@ -40,6 +40,7 @@ import time
 from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import FRAMEWORKS
@@ -65,6 +66,9 @@ from autotune.runners.slurm_client import queue_states
 from autotune.runners.slurm_client import sbatch_directives
 from autotune.runners.slurm_client import submit
 from autotune.specs import AutotuneConfig
+from autotune.templating import flag_lines
+from autotune.templating import render_template
+from autotune.templating import version
 from autotune.workloads import workload_spec
 from autotune.workloads import write_problem
 
@@ -86,21 +90,26 @@ PORT_BASE, PORT_SPAN = 20000, 20000
 
 def trial_sbatch_script(plan: TrialPlan, *, job_name: str, directives: Sequence[str],
                         python: str, args: Sequence[str], checkout: Path | None = None) -> str:
-    """The job script of one trial (rendered by autotune.render from trial.sbatch.j2): the
-    framework's built-in trial program under torchrun, or, with `checkout`, the framework's
-    rendered launch script running that checkout."""
-    from autotune.render import trial_job_script
-
+    """The job script of one trial (templates/slurm/trial.sbatch.j2): srun runs, on every node,
+    torchrun of the framework's built-in trial program, or, with `checkout`, the framework's
+    rendered launch script running that checkout; the rendezvous comes from the allocation."""
     framework = framework_of(plan.cfg)
-    common = dict(number=plan.number, directory=plan.directory, job_name=job_name,
-                  directives=directives, python=python, args=args, port_base=PORT_BASE,
-                  port_span=PORT_SPAN)
+    world = plan.layout.world_size
+    per_node = min(plan.cfg.cluster.gpus_per_node, world)
+    program: dict[str, Any] = {"module": None, "script": None, "script_env": {}}
     if checkout is not None and framework.checkout_env is not None:
-        script = str(plan.directory.resolve() / framework.launch_script)
-        return trial_job_script(plan.cfg, plan.layout, script=script,
-                                script_env={framework.checkout_env: str(checkout)}, **common)
-    module = workload_spec(framework.workload).module
-    return trial_job_script(plan.cfg, plan.layout, module=module, **common)
+        program["script"] = str(plan.directory.resolve() / framework.launch_script)
+        program["script_env"] = {framework.checkout_env: str(checkout)}
+    else:
+        program["module"] = workload_spec(framework.workload).module
+    return render_template(
+        "slurm/trial.sbatch.j2", job_name=job_name, nodes=-(-world // per_node),
+        nproc_per_node=per_node, cpu_only=plan.cfg.cluster.cpu_processes,
+        directives=list(directives), number=plan.number, version=version(),
+        layout_text=plan.layout.text, world_size=world,
+        trial_dir=str(plan.directory.resolve()), port_base=PORT_BASE, port_span=PORT_SPAN,
+        python=python, arg_lines=flag_lines(args), **program,
+    )
 
 
 # --- the runner ------------------------------------------------------------------------------
@@ -324,11 +333,6 @@ class SlurmRunner(Runner):
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def _submit(self, plan: TrialPlan) -> _Job:
-        plan.directory.mkdir(parents=True, exist_ok=True)
-        if not plan.artifacts and not (plan.directory / "layout.json").exists():
-            from autotune.render import write_artifacts
-
-            write_artifacts(plan.cfg, plan.layout, plan.directory)
         write_problem(plan.cfg, plan.directory)
         job_name = f"autotune-{plan.number:04d}-{plan.layout.id}"
         script = plan.directory / "trial.sbatch"

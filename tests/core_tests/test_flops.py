@@ -10,7 +10,8 @@ from autotune.inputs import load_model
 
 
 def test_gpt3_175b_reference_value() -> None:
-    """reference/megatron-lm.md: B=1536, s=2048, V=50257 padded → 3.3406e18 per iteration."""
+    """Megatron-LM megatron/training/training.py num_floating_point_operations (NVIDIA/
+    Megatron-LM d98e8a64): B=1536, s=2048, V=50257 padded → 3.3406e18 per iteration."""
     model = load_model("gpt3-175b")
     padded = 51200  # 50257 padded to a multiple of 128·tp (tp = 8)
     assert model_flops(model, 2048, 1536, padded) == pytest.approx(3.3406e18, rel=1e-4)

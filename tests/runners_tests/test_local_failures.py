@@ -18,6 +18,7 @@ from autotune.runners.local import LocalRunner
 from autotune.search import TuneOptions
 from autotune.search import tune
 from autotune.specs import AutotuneConfig
+from autotune.testing import run_trial
 
 PLAN = {
     "ok": Layout(dp=2, zero=0, mbs=4, gas=1),
@@ -93,14 +94,13 @@ def test_a_trial_that_exhausts_its_memory_limit_is_oom(
             "vocab_size": 32000,
         }
     )  # ~190 M parameters: 0.77 GB of fp32 weights alone per rank
-    plan = TrialPlan(
-        cfg.model_copy(update={"model": big}), Layout(dp=2, mbs=4, gas=1), 0, tmp_path / "trial"
-    )
+    folder = tmp_path / "trial"
     runner = LocalRunner(steps=3, warmup=1, memory_limit_bytes=3 << 30, startup_timeout_s=600)
 
-    measurement = runner.run(plan)
+    measurement = run_trial(runner, cfg.model_copy(update={"model": big}),
+                            Layout(dp=2, mbs=4, gas=1), folder).measurement
 
     assert measurement.status == "oom", measurement.reason
     assert "can't allocate memory" in measurement.reason
-    assert "ulimit -v 3145728" in (plan.directory / "command.sh").read_text()
+    assert "ulimit -v 3145728" in (folder / "command.sh").read_text()
     assert leftovers(tmp_path) == []

@@ -16,8 +16,8 @@ from autotune.frameworks.megatron_log import MegatronLog
 from autotune.frameworks.megatron_log import parse_iteration
 from autotune.frameworks.megatron_log import parse_memory
 from autotune.layout import Layout
-from autotune.runners.base import TrialPlan
 from autotune.runners.local import LocalRunner
+from autotune.testing import run_trial
 
 # lines as megatron/training/training.py:training_log and report_memory print them
 ITERATION = (
@@ -127,25 +127,25 @@ def megatron_lm(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_local_runner_runs_rendered_pretrain_gpt(tmp_path: Path, megatron_lm: Path) -> None:
     cfg = tiny_config("megatron")
-    plan = TrialPlan(cfg, Layout(dp=2, mbs=4, gas=1), 0, tmp_path / "trial")
+    layout, folder = Layout(dp=2, mbs=4, gas=1), tmp_path / "trial"
     runner = LocalRunner(steps=5, warmup=2, megatron_lm=megatron_lm, hang_timeout_s=60)
 
-    m = runner.run(plan)
+    m = run_trial(runner, cfg, layout, folder).measurement
 
     assert m.status == "ok", (m.reason, m.log_tail)
     assert m.step_time_s == pytest.approx(0.104)  # median of 103, 104, 105 ms
     assert m.tokens_per_s == pytest.approx(cfg.train.tokens_per_step / 0.104)
     assert m.peak_memory_bytes == pytest.approx(400.0 * MIB)  # rank 1's max allocated
     assert m.extra["framework_tflops_per_gpu"] == 0.5
-    command = (plan.directory / "command.sh").read_text()
+    command = (folder / "command.sh").read_text()
     assert "pretrain_gpt.sh" in command and f"MEGATRON_LM={megatron_lm}" in command
     steps = [
-        json.loads(line) for line in (plan.directory / "metrics.jsonl").read_text().splitlines()
+        json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
     ]
     assert [s["step"] for s in steps if s["event"] == "step"] == [1, 2, 3, 4, 5]
     assert steps[-1]["event"] == "result" and steps[-1]["status"] == "ok"
 
     nan = LocalRunner(steps=5, warmup=2, megatron_lm=megatron_lm, env={"FAKE_NAN": "1"})
-    failed = nan.run(TrialPlan(cfg, Layout(dp=2, mbs=4, gas=1), 1, tmp_path / "nan"))
+    failed = run_trial(nan, cfg, layout, tmp_path / "nan").measurement
     assert failed.status == "nan" and "found NaN" in failed.reason
     assert leftovers(tmp_path) == []

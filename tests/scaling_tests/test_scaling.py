@@ -52,6 +52,9 @@ class Scripted(Runner):
         self.plans: list[TrialPlan] = []
         self.events: list[str] = []
 
+    def check(self, cfg) -> None:
+        self.events.append(f"check {cfg.world_size}")
+
     def prepare(self) -> None:
         self.events.append("prepare")
 
@@ -98,7 +101,8 @@ def test_weak_keeps_per_replica_batch(cfg8b, layout8b, tmp_path: Path) -> None:
         assert lay.dp == plan.cfg.world_size // 2
         assert plan.cfg.train.global_batch_size == lay.mbs * lay.dp * lay.gas
         assert plan.directory == tmp_path / "scale" / str(plan.cfg.world_size)
-    assert runner.events == ["prepare", "cleanup"]
+    # every size is checked before the first one runs (Runner lifecycle)
+    assert runner.events == ["check 4", "check 8", "check 16", "check 32", "prepare", "cleanup"]
 
 
 def test_strong_keeps_global_batch_and_skips_indivisible(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
 # trial 5: tp=1,pp=1,cp=1,vpp=1,zero=2,offload=none,mbs=2,recompute=none,sp=off
-cd /work/main/reports/local-cpu-tiny-gpt/trials/0005-tp1-pp1-dp4-cp1-v1-z2-mb2-rn
-OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=/root/.cache/autotune/torch_extensions PYTHONPATH=/work/main \
-  /root/.pyenv/versions/3.11.7/bin/python -m torch.distributed.run --standalone --nnodes 1 --nproc_per_node 4 -m autotune.workloads.deepspeed_gpt --model /work/main/reports/local-cpu-tiny-gpt/trials/0005-tp1-pp1-dp4-cp1-v1-z2-mb2-rn/model.json --ds-config /work/main/reports/local-cpu-tiny-gpt/trials/0005-tp1-pp1-dp4-cp1-v1-z2-mb2-rn/ds_config.json --layout /work/main/reports/local-cpu-tiny-gpt/trials/0005-tp1-pp1-dp4-cp1-v1-z2-mb2-rn/layout.json --seq 128 --steps 8 --warmup 3 --metrics /work/main/reports/local-cpu-tiny-gpt/trials/0005-tp1-pp1-dp4-cp1-v1-z2-mb2-rn/metrics.jsonl
+cd ./trials/0005-tp1-pp1-dp4-cp1-v1-z2-mb2-rn
+OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 TORCH_EXTENSIONS_DIR=~/.cache/autotune/torch_extensions PYTHONPATH=. \
+  python -m torch.distributed.run --standalone --nnodes 1 --nproc_per_node 4 -m autotune.workloads.deepspeed_gpt --model ./trials/0005-tp1-pp1-dp4-cp1-v1-z2-mb2-rn/model.json --ds-config ./trials/0005-tp1-pp1-dp4-cp1-v1-z2-mb2-rn/ds_config.json --layout ./trials/0005-tp1-pp1-dp4-cp1-v1-z2-mb2-rn/layout.json --seq 128 --steps 8 --warmup 3 --metrics ./trials/0005-tp1-pp1-dp4-cp1-v1-z2-mb2-rn/metrics.jsonl
