@@ -86,7 +86,8 @@ class TrialPipeline:
             from autotune.render import write_artifacts
 
             directory.mkdir(parents=True, exist_ok=True)
-            artifacts = write_artifacts(self.cfg, layout, directory, estimate=prediction)
+            artifacts = write_artifacts(self.cfg, layout, directory, estimate=prediction,
+                                        trial=True)
             artifacts["problem.json"] = write_problem(self.cfg, directory)
         plan = TrialPlan(
             self.cfg, layout, number, directory, artifacts,

@@ -112,6 +112,7 @@ def _options_render(
     program: TrainProgram | None = None,
     megatron_lm: str = "/opt/Megatron-LM",
     train_iters: int = 20,
+    trial: bool = False,
 ) -> dict[str, str]:
     """The framework's artifacts (no rule check: the callers that need one make it)."""
     options: dict[str, str | None] = {
@@ -126,7 +127,7 @@ def _options_render(
         named[key] = value if sep else None
     render_options = RenderOptions(
         directives=tuple(sbatch_directives(named)), gpus=not cfg.cluster.cpu_processes,
-        program=program, megatron_lm=megatron_lm, train_iters=train_iters,
+        program=program, megatron_lm=megatron_lm, train_iters=train_iters, trial=trial,
     )
     return framework_of(cfg).render(cfg, layout, render_options)
 
@@ -139,6 +140,7 @@ def render_artifacts(
     program: TrainProgram | None = None,
     megatron_lm: str = "/opt/Megatron-LM",
     train_iters: int = 20,
+    trial: bool = False,
 ) -> dict[str, str]:
     """File name → text of the framework's artifacts, without layout.json and manifest.json.
 
@@ -155,7 +157,7 @@ def render_artifacts(
             + "; ".join(f"{name}: {reason}" for name, reason in broken)
         )
     return _options_render(cfg, layout, job_name=job_name, program=program,
-                           megatron_lm=megatron_lm, train_iters=train_iters)
+                           megatron_lm=megatron_lm, train_iters=train_iters, trial=trial)
 
 
 def _plain(value: Any) -> Any:
@@ -198,6 +200,7 @@ def write_artifacts(
     program: TrainProgram | None = None,
     megatron_lm: str = "/opt/Megatron-LM",
     train_iters: int = 20,
+    trial: bool = False,
 ) -> dict[str, Path]:
     """Write the artifacts of one layout into `out_dir` (created if needed); scripts are +x.
 
@@ -215,7 +218,9 @@ def write_artifacts(
         job_name: Slurm job name (default `autotune-<layout id>`).
         program: DeepSpeed training program for the launch scripts.
         megatron_lm: Megatron-LM checkout pretrain_gpt.sh uses when MEGATRON_LM is unset.
-        train_iters: Optimizer steps of pretrain_gpt.sh.
+        train_iters: Default optimizer steps of a trial's pretrain_gpt.sh.
+        trial: Render for autotune's short trials (synthetic data unless DATA_PATH is set)
+            rather than for training (which needs the data variables).
 
     Returns:
         File name → path of every file written.
@@ -224,7 +229,7 @@ def write_artifacts(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = render_artifacts(cfg, layout, job_name=job_name, program=program,
-                             megatron_lm=megatron_lm, train_iters=train_iters)
+                             megatron_lm=megatron_lm, train_iters=train_iters, trial=trial)
     predicted = estimate if estimate is not None else estimate_layout(cfg, layout)
     layout_doc = {**layout.to_dict(), "text": layout.text, "id": layout.id}
     files["layout.json"] = json.dumps(layout_doc, indent=2) + "\n"

@@ -124,7 +124,9 @@ class RenderOptions:
     megatron_lm: str = "/opt/Megatron-LM"
     """Megatron: checkout used when the environment has no MEGATRON_LM."""
     train_iters: int = 20
-    """Megatron: optimizer steps of pretrain_gpt.sh."""
+    """Default optimizer steps of a trial script."""
+    trial: bool = False
+    """Render for autotune's short trials (synthetic data by default), not for training."""
 
     @property
     def sbatch(self) -> dict[str, Any]:

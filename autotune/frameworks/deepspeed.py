@@ -197,7 +197,8 @@ class DeepSpeed(Framework):
         return {
             "ds_config.json": json.dumps(config(cfg, layout), indent=2) + "\n",
             "launch_deepspeed.sh": render_template(
-                "deepspeed/launch_deepspeed.sh.j2", **header(cfg, layout), **program),
+                "deepspeed/launch_deepspeed.sh.j2", **header(cfg, layout), **program,
+                tokens_per_iteration=layout.global_batch_size * cfg.train.seq_length),
             "hostfile": hostfile(cfg),
             "sbatch.sh": render_template("deepspeed/sbatch.sh.j2", **header(cfg, layout),
                                          **options.sbatch, **program),

@@ -171,14 +171,17 @@ class Megatron(Framework):
         """pretrain_gpt.sh and sbatch.sh."""
         return {
             "pretrain_gpt.sh": launch_script(cfg, layout, megatron_lm=options.megatron_lm,
-                                             train_iters=options.train_iters),
+                                             train_iters=options.train_iters,
+                                             trial=options.trial),
             "sbatch.sh": render_template("megatron/sbatch.sh.j2", **header(cfg, layout),
                                          **options.sbatch),
         }
 
     def launch(self) -> Mapping[str, str]:
         return {
-            "pretrain_gpt.sh": "on every node: MEGATRON_LM=<Megatron-LM checkout> NNODES=<nodes> "
+            "pretrain_gpt.sh": "on every node: MEGATRON_LM=<Megatron-LM checkout> "
+                               "DATA_PATH=<dataset prefix> TOKENIZER_MODEL=<tokenizer> "
+                               "CHECKPOINT_DIR=<dir> TRAIN_TOKENS=<tokens> NNODES=<nodes> "
                                "NODE_RANK=<0..nodes-1> MASTER_ADDR=<node 0> bash pretrain_gpt.sh "
                                "[extra pretrain_gpt.py flags]",
             "sbatch.sh": "cd <this folder> && MEGATRON_LM=<checkout> sbatch sbatch.sh",
@@ -209,25 +212,27 @@ def launch_script(
     *,
     megatron_lm: str = "/opt/Megatron-LM",
     train_iters: int = 20,
-    mock_data: bool = True,
-    log_interval: int = 1,
+    trial: bool = False,
 ) -> str:
     """pretrain_gpt.sh: torchrun of Megatron-LM's `pretrain_gpt.py` with every layout flag.
+
+    The data, tokenizer, checkpoints and iteration count come from the script's variables
+    (documented at its top: DATA_PATH, TOKENIZER_MODEL, CHECKPOINT_DIR, TRAIN_ITERS or
+    TRAIN_TOKENS, ...). A trial script (`trial`) trains `train_iters` iterations on synthetic
+    data unless told otherwise; a training script needs DATA_PATH (or MOCK_DATA=1).
 
     Args:
         cfg: Model, cluster and training setup.
         layout: The layout (Megatron rules).
         megatron_lm: Megatron-LM checkout used when the environment has no MEGATRON_LM.
-        train_iters: Optimizer steps.
-        mock_data: Synthetic data and a NullTokenizer; False leaves data flags to the caller
-            (extra arguments of the script are appended to the rendered flags).
-        log_interval: Steps between log lines.
+        train_iters: Default iterations of a trial script.
+        trial: Render for a short trial on synthetic data (what autotune's runners run).
     """
-    args = megatron_args(cfg, layout, train_iters=train_iters, mock_data=mock_data,
-                         log_interval=log_interval)
     _, edge = pipeline_split(cfg, layout)
     return render_template(
         "megatron/pretrain_gpt.sh.j2", **header(cfg, layout), megatron_lm=megatron_lm,
-        flag_lines=flag_lines(args), single_connection=needs_single_connection(layout),
-        fsdp=fsdp(layout), uneven_edge=edge, mock_data=mock_data,
+        flag_lines=flag_lines(megatron_args(cfg, layout)),
+        single_connection=needs_single_connection(layout), fsdp=fsdp(layout), uneven_edge=edge,
+        trial=trial, train_iters=train_iters, vocab_size=cfg.model.vocab_size,
+        tokens_per_iteration=layout.global_batch_size * cfg.train.seq_length,
     )

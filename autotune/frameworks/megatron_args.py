@@ -143,23 +143,14 @@ def _precision_args(cfg: AutotuneConfig) -> list[str]:
     return []
 
 
-def megatron_args(
-    cfg: AutotuneConfig,
-    layout: Layout,
-    *,
-    train_iters: int = 20,
-    mock_data: bool = True,
-    log_interval: int = 1,
-) -> list[str]:
-    """Every `pretrain_gpt.py` flag for this layout, as unquoted argv items.
+def megatron_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
+    """Every `pretrain_gpt.py` flag that fixes the layout, the model and the optimizer, as
+    unquoted argv items (the data, tokenizer, checkpoint and iteration flags are the rendered
+    script's: they come from its variables).
 
     Args:
         cfg: Model, cluster and training setup.
         layout: The parallel layout (must satisfy the Megatron rules).
-        train_iters: Optimizer steps to run.
-        mock_data: Train on Megatron's synthetic data with a NullTokenizer of the model's vocab
-            (no dataset needed); False leaves data and tokenizer flags to the caller.
-        log_interval: Steps between log lines.
 
     Returns:
         The flags, one argv item each, in a fixed order.
@@ -172,13 +163,7 @@ def megatron_args(
     args += ["--micro-batch-size", str(layout.mbs),
              "--global-batch-size", str(layout.global_batch_size)]
     args += model_args(cfg.model, cfg.train.seq_length) + _precision_args(cfg)
-    if mock_data:
-        args += ["--mock-data", "--tokenizer-type", "NullTokenizer",
-                 "--vocab-size", str(cfg.model.vocab_size)]
     args += [
-        "--train-iters", str(train_iters),
-        "--eval-iters", "0",
-        "--log-interval", str(log_interval),
         "--log-throughput",
         "--lr", _number(ADAMW.lr),
         "--min-lr", _number(ADAMW.min_lr),

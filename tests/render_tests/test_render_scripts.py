@@ -117,18 +117,49 @@ def megatron_setup(tmp_path: Path) -> tuple[AutotuneConfig, Layout, Path]:
 
 
 def test_pretrain_script_passes_exact_flags(megatron_setup, fakes, tmp_path: Path) -> None:
+    """Oracle: the argv torchrun really receives, against flags worked out by hand: the run's
+    data, tokenizer, checkpoints and length come from the variables documented at the top."""
     cfg, layout, checkout = megatron_setup
     script = tmp_path / "pretrain_gpt.sh"
     script.write_text(megatron_launch_script(cfg, layout, megatron_lm=str(checkout)))
-    env = {**fakes, "NODE_RANK": "1", "MASTER_ADDR": "head node"}
+    ckpt = str(tmp_path / "check points")
+    env = {**fakes, "NODE_RANK": "1", "MASTER_ADDR": "head node",
+           "DATA_PATH": "0.7 /data/a_text 0.3 /data/b_text", "TOKENIZER_MODEL": "meta/llama 3",
+           "CHECKPOINT_DIR": ckpt, "TRAIN_TOKENS": "1000000000"}
     result = run(script, env, "--exit-interval", "5", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    # 1e9 tokens / (global batch 512 · seq 8192 = 4,194,304 tokens per iteration) → 239
     assert recorded(env, "torchrun") == [
         "--nproc_per_node", "8", "--nnodes", "2", "--node_rank", "1",
         "--master_addr", "head node", "--master_port", "6000",
-        str(checkout / "pretrain_gpt.py"), *megatron_args(cfg, layout), "--exit-interval", "5",
+        str(checkout / "pretrain_gpt.py"), *megatron_args(cfg, layout),
+        "--train-iters", "239", "--log-interval", "1", "--eval-interval", "1000",
+        "--eval-iters", "0", "--data-path", "0.7", "/data/a_text", "0.3", "/data/b_text",
+        "--split", "99,1,0", "--tokenizer-type", "HuggingFaceTokenizer",
+        "--tokenizer-model", "meta/llama 3", "--save", ckpt, "--load", ckpt,
+        "--save-interval", "1000", "--exit-interval", "5",
     ]
     assert not (tmp_path / "pwned").exists()
+
+
+def test_training_script_needs_data_and_trial_script_defaults_to_mock(
+    megatron_setup, fakes, tmp_path: Path
+) -> None:
+    """A training script refuses to start without DATA_PATH (exit 2, one line); a trial script
+    trains its default iterations on Megatron's synthetic data."""
+    cfg, layout, checkout = megatron_setup
+    training, trial = tmp_path / "train.sh", tmp_path / "trial.sh"
+    training.write_text(megatron_launch_script(cfg, layout, megatron_lm=str(checkout)))
+    trial.write_text(megatron_launch_script(cfg, layout, megatron_lm=str(checkout),
+                                            train_iters=7, trial=True))
+    refused = run(training, fakes, cwd=tmp_path)
+    assert refused.returncode == 2 and "set DATA_PATH and TOKENIZER_MODEL" in refused.stderr
+    assert run(trial, fakes, cwd=tmp_path).returncode == 0
+    assert recorded(fakes, "torchrun")[-13:] == [
+        "--train-iters", "7", "--log-interval", "1", "--eval-interval", "1000",
+        "--eval-iters", "0", "--mock-data", "--tokenizer-type", "NullTokenizer",
+        "--vocab-size", str(cfg.model.vocab_size),
+    ]
 
 
 def test_pretrain_script_rejects_wrong_world_size(megatron_setup, fakes, tmp_path) -> None:
@@ -148,7 +179,7 @@ def test_megatron_sbatch_runs_pretrain_on_each_node(megatron_setup, fakes, tmp_p
     paths = write_artifacts(cfg, layout, tmp_path / "out", job_name="trial")
     slurm = {"SLURM_JOB_NODELIST": "node[A-B]", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
              "SLURM_JOB_ID": "42", "SLURM_SUBMIT_DIR": str(tmp_path / "out"),
-             "MEGATRON_LM": str(checkout)}
+             "MEGATRON_LM": str(checkout), "MOCK_DATA": "1", "TRAIN_ITERS": "3"}
     env = {**fakes, **slurm}
     result = run(paths["sbatch.sh"], env, "--exit-interval", "5", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -159,7 +190,10 @@ def test_megatron_sbatch_runs_pretrain_on_each_node(megatron_setup, fakes, tmp_p
     torchrun = recorded(env, "torchrun")
     assert torchrun[:10] == ["--nproc_per_node", "8", "--nnodes", "2", "--node_rank", "1",
                              "--master_addr", "nodeA", "--master_port", "6000"]
-    assert torchrun[11:] == [*megatron_args(cfg, layout), "--exit-interval", "5"]
+    assert torchrun[11:] == [
+        *megatron_args(cfg, layout), "--train-iters", "3", "--log-interval", "1",
+        "--eval-interval", "1000", "--eval-iters", "0", "--mock-data", "--tokenizer-type",
+        "NullTokenizer", "--vocab-size", str(cfg.model.vocab_size), "--exit-interval", "5"]
     assert not (tmp_path / "pwned").exists()
 
 

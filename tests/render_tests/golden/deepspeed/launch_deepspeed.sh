@@ -6,6 +6,12 @@
 # Edit ./hostfile (ssh-reachable hosts), keep this folder on a filesystem every node sees, then:
 #   TRAIN_SCRIPT=<your training script> bash launch_deepspeed.sh [script arguments]
 # The script gets --deepspeed_config <this folder>/ds_config.json (deepspeed.add_config_arguments reads --deepspeed_config).
+#
+# What to train on: ds_config.json fixes the layout and the optimizer; the data, tokenizer,
+# checkpoints and length of the run are the training script's. These variables reach it on every
+# node (through the launcher's .deepspeed_env), for the script to read:
+#   DATA_PATH, TOKENIZER_MODEL, CHECKPOINT_DIR, SAVE_INTERVAL, TRAIN_ITERS or TRAIN_TOKENS
+#   (one iteration is 4194304 tokens: TRAIN_ITERS = TRAIN_TOKENS / 4194304).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -36,6 +42,14 @@ for env_file in "$HOME/.deepspeed_env" ./.deepspeed_env; do
   fi
 done
 printf '%s\n' TORCH_NCCL_ASYNC_ERROR_HANDLING=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True >> "$DS_ENV_FILE"
+if [[ -n "${TRAIN_TOKENS:-}" && -z "${TRAIN_ITERS:-}" ]]; then
+  TRAIN_ITERS="$(( (TRAIN_TOKENS + 4194304 - 1) / 4194304 ))"
+fi
+for name in DATA_PATH TOKENIZER_MODEL CHECKPOINT_DIR SAVE_INTERVAL TRAIN_ITERS TRAIN_TOKENS; do
+  if [[ -n "${!name:-}" ]]; then
+    printf '%s=%s\n' "$name" "${!name}" >> "$DS_ENV_FILE"
+  fi
+done
 
 LAUNCHER_ARGS=(--hostfile "$HOSTFILE" --num_nodes "$NNODES" --num_gpus "$GPUS_PER_NODE" --master_port "$MASTER_PORT")
 if [[ -n "${MASTER_ADDR:-}" ]]; then
