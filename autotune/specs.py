@@ -1,19 +1,113 @@
-"""The inputs: a model, a cluster and a training setup (validated pydantic values)."""
+"""The inputs: a model, a cluster and a training setup (validated pydantic values).
+
+Every number a user can type is one of the bounded types below: integers are strict (a YAML
+`true` or `4.5` is not a count), floats are finite, and each has an upper bound whose reason the
+error message gives. Besides catching typos, the bounds keep the models' numpy int64 arithmetic
+exact.
+"""
 
 from __future__ import annotations
 
+from typing import Annotated
 from typing import Any
 from typing import Literal
 
+from pydantic import AfterValidator
 from pydantic import BaseModel
+from pydantic import BeforeValidator
 from pydantic import ConfigDict
 from pydantic import Field
+from pydantic import Strict
+from pydantic import StrictBool
 from pydantic import model_validator
+from pydantic_core import PydanticCustomError
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 Framework = Literal["megatron", "deepspeed"]
 
 _FROZEN = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+# --- bounded numbers --------------------------------------------------------------------------
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_not_number", "must be a number, not true/false")
+    return value
+
+
+def at_most(high: float, why: str) -> AfterValidator:
+    """Annotated metadata: the value must be at most `high`; `why` goes into the message."""
+
+    def check(value: Any) -> Any:
+        if value > high:
+            raise PydanticCustomError(
+                "too_large", "must be at most {high} ({why})", {"high": f"{high:,}", "why": why}
+            )
+        return value
+
+    return AfterValidator(check)
+
+
+Integer = Annotated[int, BeforeValidator(_not_bool), Strict()]
+"""An integer as written: no bool, no float, no numeric string."""
+FiniteFloat = Annotated[float, BeforeValidator(_not_bool), Field(allow_inf_nan=False)]
+"""A finite number (no bool, NaN or infinity)."""
+
+SeqLength = Annotated[
+    Integer, Field(ge=1), at_most(2**24, "beyond any trained context, 10M tokens of Llama 4 Scout")
+]
+"""Tokens per sequence."""
+BatchSize = Annotated[
+    Integer, Field(ge=1), at_most(2**20, "16x the largest published batch, 65,536 sequences")
+]
+"""Sequences per optimizer step (and per micro-batch)."""
+NodeCount = Annotated[
+    Integer, Field(ge=1), at_most(2**16, "more than the largest clusters built, about 25,000")
+]
+"""Nodes of a cluster."""
+DevicesPerNode = Annotated[
+    Integer, Field(ge=1), at_most(2**10, "far above the 72 GPUs of an NVL72 rack")
+]
+"""Accelerators (or CPU worker processes) per node."""
+MAX_LAYERS = 2**14
+"""The most transformer layers (and virtual pipeline stages) a model may have."""
+LayerCount = Annotated[
+    Integer, Field(ge=1), at_most(MAX_LAYERS, "100x the deepest published transformer, 126 layers")
+]
+"""Transformer layers (also bounds virtual pipeline stages: each holds one layer at least)."""
+Width = Annotated[
+    Integer, Field(ge=1), at_most(2**20, "20x the widest published MLP, 53,248 of Llama 3 405B")
+]
+"""Channels: hidden size, MLP width, head dimension."""
+HeadCount = Annotated[
+    Integer, Field(ge=1), at_most(2**14, "100x the most attention heads published, 128")
+]
+"""Attention heads or key/value groups."""
+VocabSize = Annotated[
+    Integer, Field(ge=1), at_most(2**24, "60x the largest published vocabulary, 262,144")
+]
+"""Tokenizer entries."""
+Seed = Annotated[Integer, Field(ge=0), at_most(2**32 - 1, "NumPy's RandomState seed range")]
+"""Seed of a random generator."""
+
+GpuMemoryGiB = Annotated[FiniteFloat, Field(gt=0), at_most(2**16, "400x the 141 GB of an H200")]
+"""Device memory, GiB."""
+TFlops = Annotated[
+    FiniteFloat, Field(gt=0), at_most(1e5, "20x the highest dense peak, 4,500 of a B200 in FP8")
+]
+"""Peak throughput, TFLOP/s."""
+MemoryTBs = Annotated[FiniteFloat, Field(gt=0), at_most(1e3, "100x the 8 TB/s of a B200")]
+"""Memory bandwidth, TB/s."""
+LinkGBs = Annotated[
+    FiniteFloat, Field(gt=0), at_most(1e5, "100x NVLink 5, 900 GB/s per direction")
+]
+"""Link bandwidth per direction, GB/s."""
+HostMemoryGB = Annotated[
+    FiniteFloat, Field(gt=0), at_most(2**24, "16 PB per node, 500x the largest servers")
+]
+"""Host memory, GB."""
 
 
 class ModelSpec(BaseModel):
@@ -110,12 +204,12 @@ class GPUSpec(BaseModel):
 
     name: str = "custom-gpu"
     """Preset name or free text."""
-    memory_gb: float = Field(gt=0)
+    memory_gb: GpuMemoryGiB
     """Device memory as the datasheet states it ("80GB"); vendors' figures match what CUDA
     reports in GiB (A100 80GB: 81,920 MiB; H200 141GB: 143,771 MiB), so it is read as GiB."""
-    peak_tflops: dict[Precision, float]
+    peak_tflops: dict[Precision, TFlops] = Field(min_length=1)
     """Dense (no sparsity) peak in TFLOP/s per precision; a missing key means unsupported."""
-    hbm_tb_s: float = Field(gt=0)
+    hbm_tb_s: MemoryTBs
     """Device memory bandwidth in TB/s."""
 
     @property
@@ -131,21 +225,21 @@ class ClusterSpec(BaseModel):
 
     name: str = "custom"
     """Display name (preset:nodes, a file name, or local)."""
-    nodes: int = Field(gt=0)
+    nodes: NodeCount
     """Number of nodes."""
-    gpus_per_node: int = Field(gt=0)
+    gpus_per_node: DevicesPerNode
     """Accelerators (or CPU worker processes, for `local` without GPUs) per node."""
     gpu: GPUSpec
     """The accelerator."""
-    intra_node_gb_s: float = Field(gt=0)
+    intra_node_gb_s: LinkGBs
     """Per-GPU, per-direction bandwidth inside a node (NVLink), GB/s."""
-    inter_node_gb_s: float = Field(gt=0)
+    inter_node_gb_s: LinkGBs
     """Per-GPU, per-direction network bandwidth between nodes (InfiniBand), GB/s."""
-    host_memory_gb: float = Field(gt=0)
+    host_memory_gb: HostMemoryGB
     """CPU memory per node, GB."""
-    pcie_gb_s: float = Field(gt=0)
+    pcie_gb_s: LinkGBs
     """Per-GPU host link bandwidth per direction, GB/s."""
-    cpu_processes: bool = False
+    cpu_processes: StrictBool = False
     """True when the 'GPUs' are CPU processes on gloo (the `local` cluster without CUDA)."""
 
     @property
@@ -159,17 +253,17 @@ class TrainSpec(BaseModel):
 
     model_config = _FROZEN
 
-    seq_length: int = Field(gt=0)
+    seq_length: SeqLength
     """Tokens per sequence."""
-    global_batch_size: int = Field(gt=0)
+    global_batch_size: BatchSize
     """Sequences per optimizer step, over all data-parallel replicas."""
     precision: Precision = "bf16"
     """Compute precision of the matrix multiplies (fp8 = fp8 GEMMs with bf16 elsewhere)."""
     framework: Framework = "megatron"
     """Framework whose rules and configs apply."""
-    flash_attention: bool = True
+    flash_attention: StrictBool = True
     """Fused attention that never stores the s×s score matrix (FlashAttention / cuDNN)."""
-    overlap_grad_reduce: bool = True
+    overlap_grad_reduce: StrictBool = True
     """Data-parallel gradient reduction overlaps the last backward pass."""
 
     @property
