@@ -58,7 +58,7 @@ def test_a_key_given_twice_is_refused(key: str, first: str, second: str) -> None
         ("mbs=128", r"mbs=128 exceeds 64 \(the global batch\)"),
         ("vpp=16385", r"vpp=16,385 exceeds 16,384 \(a virtual stage holds one layer at least\)"),
         ("zero=4", r"zero=4 exceeds 3 \(ZeRO stages are 0 to 3\)"),
-        ("tp=-2", r"tp='-2' must be a whole number from 1 to 8"),
+        ("tp=-2", r"tp='-2' must be an integer from 1 to 8"),
         ("tp=0", r"tp=0 must be positive"),
         ("recompute=some", r"recompute='some' must be one of none, selective, full"),
         ("tp", r"cannot read 'tp'"),
