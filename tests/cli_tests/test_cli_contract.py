@@ -197,9 +197,15 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
 
 @pytest.mark.xfail(strict=True, reason="ModelSpec adopts autotune.specs' bounded types "
                    "(LayerCount, Width, ...) on the models branch")
-@pytest.mark.parametrize("changes", [{"num_layers": True}, {"hidden_size": 10**30}])
+@pytest.mark.parametrize(
+    "changes",
+    [{"num_layers": True}, *({field: 10**30} for field in (
+        "num_layers", "hidden_size", "ffn_hidden_size", "vocab_size",
+        "max_position_embeddings"))],
+)
 def test_model_yaml_numbers_are_strict_and_bounded(tmp_path: Path, changes: dict) -> None:
-    """Oracle: `num_layers: true` was read as 1 layer and hidden_size 10**30 overflowed int64."""
+    """Oracle: `num_layers: true` was read as 1 layer and 10**30 in any integer field
+    overflowed int64 (OverflowError)."""
     model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100,
              **changes}
     path = _yaml(tmp_path, "m.yaml", model)
