@@ -85,7 +85,12 @@ def existing_path(ref: str) -> Path | None:
         return None
 
 
-def _read_structured(path: Path) -> Any:
+def read_structured(path: Path) -> Any:
+    """A user's YAML (or, by its suffix, JSON) file as Python values.
+
+    Raises:
+        AutotuneError: unreadable, not text, or not valid YAML/JSON (one line, where).
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -158,7 +163,7 @@ def load_model(ref: str) -> ModelSpec:
             f"--model: {shorten(ref)} is neither a preset nor a file; "
             f"presets: {', '.join(model_presets())}"
         )
-    data = _read_structured(path)
+    data = read_structured(path)
     if isinstance(data, dict) and (
         "model_type" in data or "architectures" in data or "n_layer" in data
     ):
@@ -223,7 +228,7 @@ def load_cluster(ref: str, processes: int | None = None) -> ClusterSpec:
             f"--cluster: {shorten(ref)} is neither NAME:NODES, a file nor 'local'; presets: "
             f"{', '.join(cluster_presets())}"
         )
-    return _cluster_from_mapping(_read_structured(path), path.stem, str(path))
+    return _cluster_from_mapping(read_structured(path), path.stem, str(path))
 
 
 def _host_memory_gb() -> float:

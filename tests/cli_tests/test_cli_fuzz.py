@@ -1,9 +1,9 @@
 """Fuzz the CLI with hostile inputs through its real entry point: never a traceback, and the
 exit code is exactly 0 (the input made sense) or 2 (one line naming what is wrong).
 
-Inputs: model and cluster YAML files, Hugging Face config.json files, --layout strings and the
-training flags of `space`, `estimate` and `tune --runner simulate`. Each example runs
-`autotune.cli._run`, the function the console script calls; a few cases run as real processes.
+Inputs: model, cluster and search-space YAML files, Hugging Face config.json files, --layout
+strings and the training flags of `space`, `estimate` and `tune --runner simulate`. Each example
+runs `autotune.cli._run`, the function the console script calls; a few run as real processes.
 """
 
 from __future__ import annotations
@@ -134,6 +134,18 @@ def test_huggingface_config(workdir: Path, document: object) -> None:
     """Oracle: the contract, for Hugging Face config.json files."""
     path = write(workdir, ".json", document)
     check(cli("estimate", "-m", path, "-c", "dgx-h100:1", "-l", "tp=1", "--json"))
+
+
+SPACE = {"tp": [1, 2], "pp": [1, 2], "cp": [1], "vpp": [1], "zero": [0, 1], "mbs": [1, 2],
+         "offload": ["none"], "recompute": ["none", "full"], "sp": [True, False]}
+
+
+@settings(max_examples=40, deadline=None, print_blob=True)
+@given(document=mutated(SPACE, st.one_of(VALUE, st.lists(SCALAR, max_size=3))))
+def test_search_space_yaml(workdir: Path, document: object) -> None:
+    """Oracle: the contract, for --space files (a tp of 10**21 used to overflow int64)."""
+    path = write(workdir, ".yaml", document)
+    check(cli("space", "-m", "tiny-gpt", "-c", "dgx-h100:1", "--space", path, "--top", "1"))
 
 
 NUMBER_TEXT = st.one_of(PLAUSIBLE.map(str), PLAUSIBLE.map(str), SMALL_INT.map(str),
