@@ -253,6 +253,7 @@ def _run_config(options: dict[str, Any], scale: dict[str, Any] | None, prefix: s
 
 
 def _command_line() -> str:
+    """The command line as the user typed it (under `_run`), else this process's."""
     return shlex.join(["autotune", *_state.get("argv", sys.argv[1:])])
 
 
@@ -699,6 +700,14 @@ def _run(entry: Callable[..., Any], args: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if args is None else args)
     _state.update(debug="--debug" in args, resume="", argv=args)
     try:
+        return _exit_code(entry, args)
+    finally:
+        del _state["argv"]
+
+
+def _exit_code(entry: Callable[..., Any], args: list[str]) -> int:
+    """The one place that turns outcomes into exit codes and error lines."""
+    try:
         code = entry(args=args, prog_name="autotune", standalone_mode=False)
     except (AutotuneError, ValidationError, typer.TyperException, _WorkFailed) as error:
         if _state["debug"]:
@@ -709,7 +718,8 @@ def _run(entry: Callable[..., Any], args: list[str] | None = None) -> int:
         if isinstance(error, ValidationError):
             _print_error(validation_message(error, "input"))
         elif isinstance(error, typer.TyperException):
-            _print_error(_usage_message(error))
+            if error.format_message():  # else typer printed the help (no command given)
+                _print_error(_usage_message(error))
         else:
             _print_error(str(error))
         return EXIT_USAGE

@@ -11,7 +11,7 @@ Example:
     >>> from autotune.run import Problem, RunConfig, tune
     >>> config = RunConfig(problem=Problem(model="llama3-8b", cluster="dgx-h100:4"),
     ...                    out="/tmp/llama3-8b")
-    >>> # outcome = tune(config); outcome.best["layout"]
+    >>> # outcome = tune(config); outcome.ranked[0]["layout"], outcome.reports["report.html"]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import shlex
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Annotated
 from typing import Any
 from typing import Literal
@@ -53,6 +54,11 @@ from autotune.specs import Precision
 from autotune.specs import Seed
 from autotune.specs import SeqLength
 from autotune.specs import at_most
+
+if TYPE_CHECKING:  # heavy modules (Optuna, matplotlib) load when a run starts
+    from autotune.refit import RefitReport
+    from autotune.scaling import ScalingResult
+    from autotune.search import TuneResult
 
 MEMORY_RULES = ("memory_fits", "host_memory_fits")
 """Rules about memory: a layout that breaks only these is well formed, just too big."""
@@ -317,13 +323,14 @@ class TuneOutcome:
     """A finished `tune` run: the study, the optional sweep, the refit and the reports."""
 
     config: RunConfig
-    result: Any
-    """autotune.search.TuneResult."""
-    refit: Any | None
-    """autotune.refit.RefitReport after real (not simulated) studies."""
-    scaled: Any | None
-    """autotune.scaling.ScalingResult of the winner, with `config.scale`."""
+    result: TuneResult
+    """The study's trials and the rendered configs."""
+    refit: RefitReport | None
+    """The model refitted to the trials, after real (not simulated) studies."""
+    scaled: ScalingResult | None
+    """The winner's sweep, with `config.scale`."""
     reports: dict[str, Path]
+    """report.md, report.html, summary.json, ... by name."""
 
     @property
     def ranked(self) -> list[dict[str, Any]]:
@@ -346,9 +353,10 @@ class ScaleOutcome:
     """A finished `scale` run: the sweep and its reports."""
 
     config: RunConfig
-    result: Any
-    """autotune.scaling.ScalingResult."""
+    result: ScalingResult
+    """Every size of the sweep."""
     reports: dict[str, Path]
+    """report.md, report.html, summary.json, ... by name."""
 
     @property
     def ok(self) -> bool:

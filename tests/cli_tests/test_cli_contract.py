@@ -69,7 +69,7 @@ def test_usage_errors_exit_2_in_one_line(args: tuple[str, ...], fragments: tuple
 def test_no_arguments_prints_help_and_exits_2() -> None:
     """Oracle: click's convention for a group run without a command (help, exit 2)."""
     result = cli()
-    assert result.code == 2 and "Commands" in result.out and "Traceback" not in result.err
+    assert result.code == 2 and "Commands" in result.out and result.err == ""
 
 
 @pytest.mark.parametrize(
@@ -180,13 +180,18 @@ def test_unusable_output_places(tmp_path: Path, flag: str, make, fragments) -> N
 
 
 def test_work_failure_exits_1(tmp_path: Path) -> None:
-    """Oracle: a command that exits 3 measures nothing, so no trial ran ok: the work failed (1),
-    the input was fine (not 2)."""
+    """Oracle: a command that exits 3 measures nothing, so no trial (no sweep size) ran ok: the
+    work failed (1), the input was fine (not 2)."""
     result = cli("tune", "-m", "tiny-gpt", "-c", "dgx-h100:1", "--runner", "command",
                  "--command", "exit 3 # {trial_dir}", "--trials", "2", "--out", tmp_path)
     assert result.code == 1, result.err
     assert result.error_lines[-1].startswith("error: no trial measured a throughput")
     assert "Traceback" not in result.err
+    sweep = cli("scale", "-m", "tiny-gpt", "-c", "dgx-h100:1", "-l", "tp=1", "--gpus", "8",
+                "--runner", "command", "--command", "exit 3 # {trial_dir}", "--out",
+                tmp_path / "sweep")
+    assert sweep.code == 1, sweep.err
+    assert sweep.error_lines[-1].startswith("error: no size of the sweep measured a throughput")
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
