@@ -221,7 +221,9 @@ def load_cluster(ref: str, processes: int | None = None) -> ClusterSpec:
             ) from None
         if nodes < 1:
             raise AutotuneError(f"--cluster: node count in {shorten(ref)} must be at least 1")
-        return _cluster_from_mapping({**presets[name], "nodes": nodes}, ref, f"cluster {ref}")
+        return _cluster_from_mapping(
+            {**presets[name], "nodes": nodes}, ref, f"--cluster {shorten(ref)}"
+        )
     path = existing_path(ref)
     if path is None:
         raise AutotuneError(

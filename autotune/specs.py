@@ -64,7 +64,7 @@ BatchSize = Annotated[
 ]
 """Sequences per optimizer step (and per micro-batch)."""
 NodeCount = Annotated[
-    Integer, Field(ge=1), at_most(2**16, "more than the largest clusters built, about 25,000")
+    Integer, Field(ge=1), at_most(2**16, "more than the largest clusters, about 25,000 nodes")
 ]
 """Nodes of a cluster."""
 DevicesPerNode = Annotated[
