@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 
 from autotune.exceptions import AutotuneError
+from autotune.exceptions import shorten
+from autotune.specs import MAX_LAYERS
 
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 """Offload choices, in code order (the table stores their index)."""
@@ -17,6 +19,12 @@ RECOMPUTES = ("none", "selective", "full")
 """Activation recompute choices, in code order."""
 SEARCH_DIMS = ("tp", "pp", "cp", "vpp", "zero", "offload", "mbs", "recompute", "sp")
 """The dimensions a search space chooses; dp and gas follow from them."""
+LIMIT_REASONS = {
+    "tp": "the cluster's GPUs", "pp": "the cluster's GPUs", "cp": "the cluster's GPUs",
+    "dp": "the cluster's GPUs", "mbs": "the global batch", "gas": "the global batch",
+    "zero": "ZeRO stages are 0 to 3", "vpp": "a virtual stage holds one layer at least",
+}
+"""Why each --layout number has its upper bound."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -135,34 +143,56 @@ class Layout:
 
     @classmethod
     def parse(cls, text: str, world_size: int, global_batch_size: int, framework: str) -> Layout:
-        """Read the CLI form; dp and gas are derived, sp defaults to on when tp>1 for megatron."""
+        """Read the CLI form; dp and gas are derived, sp defaults to on when tp>1 for megatron.
+
+        Each key may appear once; dp and gas, when given, must equal the derived values.
+
+        Raises:
+            AutotuneError: naming the key, its value (shortened) and the fix.
+        """
         values: dict[str, str] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, value = item.partition("=")
             key = key.strip()
             if not sep or key not in SEARCH_DIMS + ("dp", "gas"):
                 raise AutotuneError(
-                    f"--layout: cannot read {item!r}; write key=value pairs with keys "
+                    f"--layout: cannot read {shorten(item, 40)}; write key=value pairs with keys "
                     f"{', '.join(SEARCH_DIMS)}, e.g. tp=8,pp=4,zero=1,mbs=1,recompute=selective"
                 )
+            if key in values:
+                raise AutotuneError(
+                    f"--layout: {key} is given twice ({key}={shorten(values[key], 20)} and "
+                    f"{key}={shorten(value.strip(), 20)}); give each key once"
+                )
             values[key] = value.strip()
+        limits = {"tp": world_size, "pp": world_size, "cp": world_size, "dp": world_size,
+                  "mbs": global_batch_size, "gas": global_batch_size, "zero": 3,
+                  "vpp": MAX_LAYERS}
 
         def integer(key: str, default: int) -> int:
             raw = values.get(key)
             if raw is None:
                 return default
-            try:
-                number = int(raw)
-            except ValueError:
-                raise AutotuneError(f"--layout: {key}={raw!r} must be an integer") from None
-            if number < 0 or (number == 0 and key != "zero"):
-                raise AutotuneError(f"--layout: {key}={number} must be positive")
+            if not (raw.isascii() and raw.isdigit()) or len(raw) > 12:
+                raise AutotuneError(
+                    f"--layout: {key}={shorten(raw, 20)} must be an integer from "
+                    f"{0 if key == 'zero' else 1} to {limits[key]:,}"
+                )
+            number = int(raw)
+            if number == 0 and key != "zero":
+                raise AutotuneError(f"--layout: {key}=0 must be positive")
+            if number > limits[key]:
+                raise AutotuneError(
+                    f"--layout: {key}={number:,} exceeds {limits[key]:,} ({LIMIT_REASONS[key]})"
+                )
             return number
 
         def choice(key: str, options: Sequence[str], default: str) -> str:
             raw = values.get(key, default)
             if raw not in options:
-                raise AutotuneError(f"--layout: {key}={raw!r} must be one of {', '.join(options)}")
+                raise AutotuneError(
+                    f"--layout: {key}={shorten(raw, 20)} must be one of {', '.join(options)}"
+                )
             return raw
 
         tp, pp, cp = integer("tp", 1), integer("pp", 1), integer("cp", 1)
@@ -184,11 +214,15 @@ class Layout:
                 f"--layout: the global batch {global_batch_size} is not divisible by mbs·dp = "
                 f"{mbs}·{dp}; change mbs or --gbs"
             )
+        gas = global_batch_size // (mbs * dp)
+        if "gas" in values and integer("gas", gas) != gas:
+            raise AutotuneError(
+                f"--layout: gas={values['gas']} contradicts the global batch {global_batch_size} "
+                f"= mbs·dp·gas = {mbs}·{dp}·gas; drop gas (it is derived: {gas}) or change --gbs"
+            )
         sp_default = "on" if (framework == "megatron" and tp > 1) else "off"
         sp = choice("sp", ("on", "off", "true", "false", "1", "0"), sp_default)
         zero = integer("zero", 1 if framework == "megatron" else 0)
-        if zero > 3:
-            raise AutotuneError(f"--layout: zero={zero} must be 0, 1, 2 or 3")
         return cls.derived(
             world_size,
             global_batch_size,

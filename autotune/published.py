@@ -29,6 +29,7 @@ from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.memory import estimate_memory
 from autotune.memory import usable_gpu_bytes
+from autotune.rules import MEMORY_RULE_NAMES
 from autotune.rules import rules_for
 from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
@@ -52,7 +53,6 @@ Megatron-style 3D parallelism or FSDP/ZeRO-style sharded data parallelism."""
 _SHARDING = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 _PRECISION = {"16-bit": "bf16", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
 _POSITIONS = {"alibi": "rope"}  # position schemes without weights map onto rope
-_MEMORY_RULES = ("memory_fits", "host_memory_fits")
 
 
 # --- FLOPs conventions (FLOPs of one iteration of `batch` sequences) -----------------------------
@@ -266,7 +266,7 @@ def structural_violation(cfg: AutotuneConfig, table: LayoutTable, k: Constants) 
     """Index of the first structural (non-memory) rule each layout breaks, −1 where none."""
     first = np.full(len(table), -1)
     for index, rule in enumerate(rules_for(cfg.train.framework)):
-        if rule.name in _MEMORY_RULES:
+        if rule.name in MEMORY_RULE_NAMES:
             continue
         with np.errstate(divide="ignore", invalid="ignore"):
             broken = rule.check(cfg, table, k) & (first < 0)

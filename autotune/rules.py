@@ -52,6 +52,10 @@ def _host(cfg, t, k):
     return estimate_memory(cfg, t, k)["host"] > usable_host_bytes(cfg, k)
 
 
+MEMORY_RULE_NAMES = tuple(r.name for r in MEMORY_RULES)
+"""Rules about memory: a layout that breaks only these is well formed, just too big."""
+
+
 def rules_for(framework: str) -> list[Rule]:
     """The rules that apply to a framework, in the order they run."""
     found = [*COMMON_RULES, *get_framework(framework).rules, *MEMORY_RULES]

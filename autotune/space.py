@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Annotated
 from typing import Any
 
 import numpy as np
-import yaml
 from pydantic import BaseModel
 from pydantic import ConfigDict
 from pydantic import Field
+from pydantic import StrictBool
 from pydantic import ValidationError
 
 from autotune.constants import Constants
 from autotune.constants import constants_for
 from autotune.estimate import evaluate
 from autotune.exceptions import AutotuneError
+from autotune.exceptions import shorten
+from autotune.inputs import existing_path
+from autotune.inputs import read_structured
 from autotune.inputs import validation_message
 from autotune.layout import OFFLOADS
 from autotune.layout import RECOMPUTES
@@ -26,6 +30,13 @@ from autotune.layout import derive_dp_gas
 from autotune.resources import resource_dir
 from autotune.rules import apply_rules
 from autotune.specs import AutotuneConfig
+from autotune.specs import BatchSize
+from autotune.specs import Integer
+from autotune.specs import LayerCount
+from autotune.specs import at_most
+
+Degree = Annotated[Integer, Field(ge=1), at_most(2**20, "a million GPUs, beyond any cluster")]
+"""A parallel degree of a search space."""
 
 
 class SearchSpace(BaseModel):
@@ -35,29 +46,26 @@ class SearchSpace(BaseModel):
 
     name: str = "custom"
     """Where the space came from."""
-    tp: list[int] = Field(default=[1, 2, 4, 8], min_length=1)
+    tp: list[Degree] = Field(default=[1, 2, 4, 8], min_length=1)
     """Tensor-parallel degrees."""
-    pp: list[int] = Field(default=[1, 2, 4, 8], min_length=1)
+    pp: list[Degree] = Field(default=[1, 2, 4, 8], min_length=1)
     """Pipeline-parallel degrees."""
-    cp: list[int] = Field(default=[1], min_length=1)
+    cp: list[Degree] = Field(default=[1], min_length=1)
     """Context-parallel degrees."""
-    vpp: list[int] = Field(default=[1], min_length=1)
+    vpp: list[LayerCount] = Field(default=[1], min_length=1)
     """Virtual pipeline stages per pipeline rank (interleaving)."""
-    zero: list[int] = Field(default=[0, 1], min_length=1)
+    zero: list[Integer] = Field(default=[0, 1], min_length=1)
     """ZeRO stages (Megatron: 0 DDP, 1 distributed optimizer, 2/3 Megatron-FSDP)."""
     offload: list[str] = Field(default=["none"], min_length=1)
     """Offload choices: none, optimizer, optimizer+params."""
-    mbs: list[int] = Field(default=[1, 2, 4], min_length=1)
+    mbs: list[BatchSize] = Field(default=[1, 2, 4], min_length=1)
     """Micro-batch sizes (sequences)."""
     recompute: list[str] = Field(default=["none", "selective", "full"], min_length=1)
     """Activation recompute: none, selective, full."""
-    sp: list[bool] = Field(default=[True, False], min_length=1)
+    sp: list[StrictBool] = Field(default=[True, False], min_length=1)
     """Megatron sequence parallelism on/off."""
 
     def model_post_init(self, _: Any) -> None:
-        for dim in ("tp", "pp", "cp", "vpp", "mbs"):
-            if any(v < 1 for v in getattr(self, dim)):
-                raise ValueError(f"{dim}: every value must be >= 1")
         if any(z not in (0, 1, 2, 3) for z in self.zero):
             raise ValueError("zero: values must be among 0, 1, 2, 3")
         for dim, options in (("offload", OFFLOADS), ("recompute", RECOMPUTES)):
@@ -76,24 +84,29 @@ class SearchSpace(BaseModel):
 def load_space(ref: str | None, framework: str) -> SearchSpace:
     """The framework's default space, a bundled space by name, or a YAML file."""
     folder = resource_dir("search_spaces")
-    path = folder / f"{ref or framework}.yaml"
-    if ref and not path.exists():
-        path = Path(ref)
-    if not path.exists():
+    path: Path | None = folder / f"{ref or framework}.yaml"
+    if ref and not existing_path(str(path)):
+        path = existing_path(ref)
+    if path is None or not path.is_file():
         bundled = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
-        raise AutotuneError(f"--space: {ref!r} is neither a file nor a bundled space ({bundled})")
+        raise AutotuneError(
+            f"--space: {shorten(ref)} is neither a file nor a bundled space ({bundled})"
+        )
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise AutotuneError(f"--space: {path} is not valid YAML: {error}") from None
+        data = read_structured(path)
+    except AutotuneError as error:
+        raise AutotuneError(f"--space: {error}") from None
     if not isinstance(data, dict):
         raise AutotuneError(f"--space: {path} must be a mapping of dimension: [values]")
     data.pop("framework", None)
+    dims = data.get("dims", data)
+    if not isinstance(dims, dict):
+        raise AutotuneError(f"--space: {path}: dims must be a mapping of dimension: [values]")
     try:
-        return SearchSpace(name=str(path.stem), **data.get("dims", data))
+        return SearchSpace(name=str(path.stem), **dims)
     except ValidationError as error:
         raise AutotuneError(validation_message(error, f"--space {path}")) from None
-    except ValueError as error:
+    except (ValueError, TypeError) as error:
         raise AutotuneError(f"--space {path}: {error}") from None
 
 

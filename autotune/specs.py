@@ -1,4 +1,10 @@
-"""The inputs: a model, a cluster and a training setup (validated pydantic values)."""
+"""The inputs: a model, a cluster and a training setup (validated pydantic values).
+
+Every number a user can type is one of the bounded types below: integers are strict (a YAML
+`true` or `4.5` is not a count), floats are finite, and each has an upper bound whose reason the
+error message gives. Besides catching typos, the bounds keep the models' numpy int64 arithmetic
+exact.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,15 @@ from typing import Annotated
 from typing import Any
 from typing import Literal
 
+from pydantic import AfterValidator
 from pydantic import BaseModel
+from pydantic import BeforeValidator
 from pydantic import ConfigDict
 from pydantic import Field
+from pydantic import Strict
+from pydantic import StrictBool
 from pydantic import model_validator
+from pydantic_core import PydanticCustomError
 
 from autotune.params import ParamCounts
 from autotune.params import count_params
@@ -20,15 +31,99 @@ Framework = Literal["megatron", "deepspeed"]
 _FROZEN = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
-# Model dimensions: strict ints (a bool or "768" is an input error, not a size), at most 2**31 - 1.
-# No real dimension comes near that (the largest, vocabularies and context lengths, are ~1e6),
-# so a larger value is an input error; the bound also keeps one matrix (h x V) within int64.
-_MAX_DIM = 2**31 - 1
-_Dim = Annotated[int, Field(strict=True, gt=0, le=_MAX_DIM)]
-_Count = Annotated[int, Field(strict=True, ge=0, le=_MAX_DIM)]
+# --- bounded numbers --------------------------------------------------------------------------
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_not_number", "must be a number, not true/false")
+    return value
+
+
+def at_most(high: float, why: str) -> AfterValidator:
+    """Annotated metadata: the value must be at most `high`; `why` goes into the message."""
+
+    def check(value: Any) -> Any:
+        if value > high:
+            raise PydanticCustomError(
+                "too_large", "must be at most {high} ({why})", {"high": f"{high:,}", "why": why}
+            )
+        return value
+
+    return AfterValidator(check)
+
+
+Integer = Annotated[int, BeforeValidator(_not_bool), Strict()]
+"""An integer as written: no bool, no float, no numeric string."""
+FiniteFloat = Annotated[float, BeforeValidator(_not_bool), Field(allow_inf_nan=False)]
+"""A finite number (no bool, NaN or infinity)."""
+
+SeqLength = Annotated[
+    Integer, Field(ge=1), at_most(2**24, "beyond any trained context, 10M tokens of Llama 4 Scout")
+]
+"""Tokens per sequence."""
+BatchSize = Annotated[
+    Integer, Field(ge=1), at_most(2**20, "16x the largest published batch, 65,536 sequences")
+]
+"""Sequences per optimizer step (and per micro-batch)."""
+NodeCount = Annotated[
+    Integer, Field(ge=1), at_most(2**16, "more than the largest clusters, about 25,000 nodes")
+]
+"""Nodes of a cluster."""
+DevicesPerNode = Annotated[
+    Integer, Field(ge=1), at_most(2**10, "far above the 72 GPUs of an NVL72 rack")
+]
+"""Accelerators (or CPU worker processes) per node."""
+MAX_LAYERS = 2**14
+"""The most transformer layers (and virtual pipeline stages) a model may have."""
+LayerCount = Annotated[
+    Integer, Field(ge=1), at_most(MAX_LAYERS, "100x the deepest published transformer, 126 layers")
+]
+"""Transformer layers (also bounds virtual pipeline stages: each holds one layer at least)."""
+Width = Annotated[
+    Integer, Field(ge=1), at_most(2**20, "20x the widest published MLP, 53,248 of Llama 3 405B")
+]
+"""Channels: hidden size, MLP width, head dimension."""
+HeadCount = Annotated[
+    Integer, Field(ge=1), at_most(2**14, "100x the most attention heads published, 128")
+]
+"""Attention heads or key/value groups."""
+VocabSize = Annotated[
+    Integer, Field(ge=1), at_most(2**24, "60x the largest published vocabulary, 262,144")
+]
+"""Tokenizer entries."""
+Seed = Annotated[Integer, Field(ge=0), at_most(2**32 - 1, "NumPy's RandomState seed range")]
+"""Seed of a random generator."""
+
+GpuMemoryGiB = Annotated[FiniteFloat, Field(gt=0), at_most(2**16, "400x the 141 GB of an H200")]
+"""Device memory, GiB."""
+TFlops = Annotated[
+    FiniteFloat, Field(gt=0), at_most(1e5, "20x the highest dense peak, 4,500 of a B200 in FP8")
+]
+"""Peak throughput, TFLOP/s."""
+MemoryTBs = Annotated[FiniteFloat, Field(gt=0), at_most(1e3, "100x the 8 TB/s of a B200")]
+"""Memory bandwidth, TB/s."""
+LinkGBs = Annotated[
+    FiniteFloat, Field(gt=0), at_most(1e5, "100x NVLink 5, 900 GB/s per direction")
+]
+"""Link bandwidth per direction, GB/s."""
+HostMemoryGB = Annotated[
+    FiniteFloat, Field(gt=0), at_most(2**24, "16 PB per node, 500x the largest servers")
+]
+"""Host memory, GB."""
+
+
+ExpertCount = Annotated[
+    Integer, Field(ge=1), at_most(2**14, "64x the most routed experts published, 256")
+]
+"""Experts, routed experts per token, expert groups."""
+LayerCountOrZero = Annotated[
+    Integer, Field(ge=0), at_most(MAX_LAYERS, "100x the deepest published transformer")
+]
+"""A count of layers (or positions) that may be zero."""
 _Flag = Annotated[bool, Field(strict=True)]
-_Positive = Annotated[float, Field(strict=True, gt=0)]
-_Probability = Annotated[float, Field(strict=True, ge=0, lt=1)]
+_Positive = Annotated[FiniteFloat, Field(gt=0)]
+_Probability = Annotated[FiniteFloat, Field(ge=0, lt=1)]
 
 Activation = Literal["gelu", "gelu_tanh", "relu", "swiglu", "geglu"]
 LayerBlock = Literal["pre_norm", "parallel", "parallel_shared_norm", "sandwich"]
@@ -50,7 +145,7 @@ class RopeScaling(BaseModel):
     factor: _Positive
     """Context extension factor: `--rope-scaling-factor` (llama3), `--rotary-scaling-factor`
     (yarn)."""
-    original_max_position_embeddings: _Dim
+    original_max_position_embeddings: SeqLength
     """Context length the model was pretrained with. llama3: Megatron fixes 8192; yarn:
     `--yarn-original-max-position-embeddings` (multi-latent attention fixes 4096)."""
     low_freq_factor: _Positive = 1.0
@@ -82,22 +177,22 @@ class ModelSpec(BaseModel):
     """Display name (a preset name, or the file it came from)."""
 
     # --- shape -------------------------------------------------------------------------------
-    num_layers: _Dim
+    num_layers: LayerCount
     """Transformer layers L: `--num-layers`."""
-    hidden_size: _Dim
+    hidden_size: Width
     """Model width h: `--hidden-size`."""
-    num_attention_heads: _Dim
+    num_attention_heads: HeadCount
     """Query heads a: `--num-attention-heads`."""
-    num_query_groups: _Dim | None = None
+    num_query_groups: HeadCount | None = None
     """Key/value heads g: `--group-query-attention --num-query-groups`; None means g = a."""
-    kv_channels: _Dim | None = None
+    kv_channels: Width | None = None
     """Channels per attention head d: `--kv-channels`; None means h / a (then a must divide
     h). Gemma, Qwen3 and Mistral-NeMo set it."""
-    ffn_hidden_size: _Dim | None = None
+    ffn_hidden_size: Width | None = None
     """Width f of the dense MLP (and default expert width): `--ffn-hidden-size`; None means 4h."""
-    vocab_size: _Dim
+    vocab_size: VocabSize
     """Tokenizer vocabulary V before any padding: `--vocab-size`."""
-    max_position_embeddings: _Dim = 2048
+    max_position_embeddings: SeqLength = 2048
     """Longest sequence the model supports, in tokens: `--max-position-embeddings`."""
 
     # --- MLP ---------------------------------------------------------------------------------
@@ -137,7 +232,7 @@ class ModelSpec(BaseModel):
     position_embedding: PositionEmbedding = "learned_absolute"
     """`--position-embedding-type learned_absolute|rope`; alibi (BLOOM, attention biases, no
     weights) has no Megatron-LM form."""
-    learned_position_offset: _Count = 0
+    learned_position_offset: LayerCountOrZero = 0
     """Rows of a learned position table before position 0 (OPT keeps 2); Megatron-LM has none."""
     rotary_base: _Positive = 10000.0
     """Rotary base theta: `--rotary-base` (an integer there)."""
@@ -147,10 +242,10 @@ class ModelSpec(BaseModel):
     """Long-context rotary scaling (Llama 3.1, DeepSeek); None: plain rotary."""
 
     # --- attention ---------------------------------------------------------------------------
-    window_size: _Dim | None = None
+    window_size: SeqLength | None = None
     """Sliding-window attention: keys before the query that it sees, Megatron's `--window-size
     W,0` (a Hugging Face `sliding_window` of w is W = w - 1); None: full attention."""
-    window_attn_skip_freq: _Dim | None = None
+    window_attn_skip_freq: LayerCount | None = None
     """Every N-th layer (N, 2N, ...) attends fully and the others slide (Gemma-2: 2):
     `--window-attn-skip-freq`; None: every layer slides."""
     softmax_scale: _Positive | None = None
@@ -167,34 +262,34 @@ class ModelSpec(BaseModel):
     """Dropout on attention probabilities: `--attention-dropout` (Megatron's default 0.1)."""
 
     # --- multi-latent attention (DeepSeek-V2/V3): `--multi-latent-attention` ------------------
-    q_lora_rank: _Dim | None = None
+    q_lora_rank: Width | None = None
     """Query latent width: `--q-lora-rank`; None: queries project directly from h."""
-    kv_lora_rank: _Dim | None = None
+    kv_lora_rank: Width | None = None
     """Key/value latent width: `--kv-lora-rank`; set means multi-latent attention."""
-    qk_head_dim: _Dim | None = None
+    qk_head_dim: Width | None = None
     """Per-head query/key channels without rotary (DeepSeek's nope dim): `--qk-head-dim`."""
-    qk_pos_emb_head_dim: _Dim | None = None
+    qk_pos_emb_head_dim: Width | None = None
     """Per-head rotary query/key channels (DeepSeek's rope dim): `--qk-pos-emb-head-dim`."""
-    v_head_dim: _Dim | None = None
+    v_head_dim: Width | None = None
     """Per-head value channels: `--v-head-dim`."""
 
     # --- Mixture of Experts ------------------------------------------------------------------
-    num_experts: _Dim | None = None
+    num_experts: ExpertCount | None = None
     """Routed experts per MoE layer: `--num-experts`; None: dense model."""
-    moe_router_topk: _Dim = 2
+    moe_router_topk: ExpertCount = 2
     """Routed experts each token uses: `--moe-router-topk`."""
-    moe_ffn_hidden_size: _Dim | None = None
+    moe_ffn_hidden_size: Width | None = None
     """Width of one routed expert: `--moe-ffn-hidden-size`; None: ffn_hidden_size."""
-    moe_shared_expert_intermediate_size: _Dim | None = None
+    moe_shared_expert_intermediate_size: Width | None = None
     """Total width of the shared experts every token uses (DeepSeek: n_shared x expert width):
     `--moe-shared-expert-intermediate-size`."""
     moe_shared_expert_gate: _Flag = False
     """A sigmoid gate (one h-vector) scales the shared experts' output (Qwen2-MoE):
     `--moe-shared-expert-gate`."""
-    moe_layer_freq: _Dim = 1
+    moe_layer_freq: LayerCount = 1
     """Layer i is MoE when i % N == 0 (and i is past the dense first layers): with
     moe_first_dense_layers, `--moe-layer-freq` (an integer, or a 0/1 list pattern)."""
-    moe_first_dense_layers: _Count = 0
+    moe_first_dense_layers: LayerCountOrZero = 0
     """Leading layers that keep a dense MLP (DeepSeek's first_k_dense_replace)."""
     moe_router_score_function: Literal["softmax", "sigmoid"] = "softmax"
     """Router scores: `--moe-router-score-function` (sigmoid renormalises the top-k)."""
@@ -204,9 +299,9 @@ class ModelSpec(BaseModel):
     moe_router_topk_scaling_factor: _Positive | None = None
     """Routing weights multiplied by this (DeepSeek's routed_scaling_factor):
     `--moe-router-topk-scaling-factor`."""
-    moe_router_num_groups: _Dim | None = None
+    moe_router_num_groups: ExpertCount | None = None
     """Expert groups for group-limited routing: `--moe-router-num-groups`."""
-    moe_router_group_topk: _Dim | None = None
+    moe_router_group_topk: ExpertCount | None = None
     """Groups each token may route to: `--moe-router-group-topk`."""
     moe_router_enable_expert_bias: _Flag = False
     """Aux-loss-free balancing bias added to scores for routing (DeepSeek-V3; a buffer, not a
@@ -375,12 +470,12 @@ class GPUSpec(BaseModel):
 
     name: str = "custom-gpu"
     """Preset name or free text."""
-    memory_gb: float = Field(gt=0)
+    memory_gb: GpuMemoryGiB
     """Device memory as the datasheet states it ("80GB"); vendors' figures match what CUDA
     reports in GiB (A100 80GB: 81,920 MiB; H200 141GB: 143,771 MiB), so it is read as GiB."""
-    peak_tflops: dict[Precision, float]
+    peak_tflops: dict[Precision, TFlops] = Field(min_length=1)
     """Dense (no sparsity) peak in TFLOP/s per precision; a missing key means unsupported."""
-    hbm_tb_s: float = Field(gt=0)
+    hbm_tb_s: MemoryTBs
     """Device memory bandwidth in TB/s."""
 
     @property
@@ -396,21 +491,21 @@ class ClusterSpec(BaseModel):
 
     name: str = "custom"
     """Display name (preset:nodes, a file name, or local)."""
-    nodes: int = Field(gt=0)
+    nodes: NodeCount
     """Number of nodes."""
-    gpus_per_node: int = Field(gt=0)
+    gpus_per_node: DevicesPerNode
     """Accelerators (or CPU worker processes, for `local` without GPUs) per node."""
     gpu: GPUSpec
     """The accelerator."""
-    intra_node_gb_s: float = Field(gt=0)
+    intra_node_gb_s: LinkGBs
     """Per-GPU, per-direction bandwidth inside a node (NVLink), GB/s."""
-    inter_node_gb_s: float = Field(gt=0)
+    inter_node_gb_s: LinkGBs
     """Per-GPU, per-direction network bandwidth between nodes (InfiniBand), GB/s."""
-    host_memory_gb: float = Field(gt=0)
+    host_memory_gb: HostMemoryGB
     """CPU memory per node, GB."""
-    pcie_gb_s: float = Field(gt=0)
+    pcie_gb_s: LinkGBs
     """Per-GPU host link bandwidth per direction, GB/s."""
-    cpu_processes: bool = False
+    cpu_processes: StrictBool = False
     """True when the 'GPUs' are CPU processes on gloo (the `local` cluster without CUDA)."""
 
     @property
@@ -424,17 +519,17 @@ class TrainSpec(BaseModel):
 
     model_config = _FROZEN
 
-    seq_length: int = Field(gt=0)
+    seq_length: SeqLength
     """Tokens per sequence."""
-    global_batch_size: int = Field(gt=0)
+    global_batch_size: BatchSize
     """Sequences per optimizer step, over all data-parallel replicas."""
     precision: Precision = "bf16"
     """Compute precision of the matrix multiplies (fp8 = fp8 GEMMs with bf16 elsewhere)."""
     framework: Framework = "megatron"
     """Framework whose rules and configs apply."""
-    flash_attention: bool = True
+    flash_attention: StrictBool = True
     """Fused attention that never stores the s×s score matrix (FlashAttention / cuDNN)."""
-    overlap_grad_reduce: bool = True
+    overlap_grad_reduce: StrictBool = True
     """Data-parallel gradient reduction overlaps the last backward pass."""
 
     @property

@@ -25,6 +25,7 @@ from optuna.storages.journal import JournalStorage
 from optuna.trial import TrialState
 
 from autotune.exceptions import AutotuneError
+from autotune.exceptions import shorten
 
 HEARTBEAT_INTERVAL_S = 5
 GRACE_PERIOD_S = 20
@@ -132,12 +133,19 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         return optuna.storages.InMemoryStorage()
     if url.startswith("journal:"):
         path = Path(url.removeprefix("journal:")).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return HeartbeatJournalStorage(JournalFileBackend(str(path)))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return HeartbeatJournalStorage(JournalFileBackend(str(path)))
+        except (OSError, ValueError) as error:
+            reason = getattr(error, "strerror", None) or str(error)
+            raise AutotuneError(
+                f"--storage: cannot open the journal {shorten(str(path))}: {reason}; "
+                "give a writable file, e.g. journal:OUT/study.journal"
+            ) from None
     if "://" not in url:
         raise AutotuneError(
-            f"--storage: {url!r} is not a storage URL; use sqlite:///PATH, postgresql://..., "
-            "journal:PATH or memory"
+            f"--storage: {shorten(url)} is not a storage URL; use sqlite:///PATH, "
+            "postgresql://..., journal:PATH or memory"
         )
     url = _postgres_driver(url)
     storage_class = _SQLiteStorage if url.startswith("sqlite") else RDBStorage
@@ -152,4 +160,5 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
                 engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else None,
             )
     except Exception as error:  # SQLAlchemy raises many kinds; the user needs one line
-        raise AutotuneError(f"--storage: cannot open {url!r}: {error}") from None
+        reason = " ".join(str(error).split())[:200]
+        raise AutotuneError(f"--storage: cannot open {shorten(url)}: {reason}") from None

@@ -41,7 +41,7 @@ def _names(runs: list[data.RunData]) -> list[str]:
 
 
 def _headline(run: data.RunData, summary: dict[str, Any]) -> dict[str, Any] | None:
-    """The run's best measured layout, or its sweep's largest point that ran."""
+    """The run's best layout (measured or simulated), or its sweep's largest point that ran."""
     best = summary["best"]
     if best:
         return {"layout": best["layout"], "short": short_layout(best["layout_fields"]),
@@ -98,12 +98,12 @@ def _table(rows: list[dict[str, Any]], out: Path) -> Table:
         report = Path(os.path.relpath(Path(row["directory"]) / "report.md", out)).as_posix()
         columns.append([
             i["model"], i["cluster"], f"{i['gpus']} × {i['gpu']}", i["framework"],
-            i["runner"] or "–", b.get("short", "–"), b.get("source", "–"),
+            i["runner"] or "–", i["figures"], b.get("short", "–"), b.get("source", "–"),
             num(b.get("tokens_per_s")), num(b.get("tokens_per_s_per_gpu")),
             tflops(b.get("tflops_per_gpu")), pct(b.get("mfu")),
             num(b.get("peak_memory_gib"), 1), scaling, efficiency, report,
         ])
-    labels = ["model", "cluster", "GPUs", "framework", "runner", "best layout", "measured in",
+    labels = ["model", "cluster", "GPUs", "framework", "runner", "figures", "best layout", "from",
               "tokens/s", "tokens/s per GPU", "TFLOP/s per GPU", "MFU", "peak memory (GiB)",
               "scaling sweep", "efficiency at largest size", "report"]
     table = Table(["", *[row["name"] for row in rows]], [], "l" + "r" * len(rows))

@@ -15,10 +15,21 @@ import statistics
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from typing import Literal
+
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
+from pydantic import TypeAdapter
+from pydantic import ValidationError
+from pydantic import model_validator
 
 from autotune.exceptions import AutotuneError
+from autotune.inputs import validation_message
+from autotune.layout import Layout
 from autotune.memory import GIB
-from autotune.scaling import read_scaling
+from autotune.scaling import SCALING_JSON
+from autotune.scaling import ScalingPoint
 from autotune.specs import AutotuneConfig
 
 RUN_JSON = "run.json"
@@ -34,6 +45,12 @@ TRIAL_COLUMNS = (
     "duplicate_of", "warm_start",
 )
 """Columns of trials.csv, in order (stable; empty cells where a trial has no value)."""
+
+
+def figure_label(runner: str | None) -> str:
+    """What a runner's figures are: "simulated" for the simulate runner (the analytic model,
+    perturbed), else "measured"."""
+    return "simulated" if runner == "simulate" else "measured"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +74,11 @@ class RunData:
         """tune, scale or tune+scale."""
         parts = (["tune"] if self.study_name else []) + (["scale"] if self.scaling else [])
         return "+".join(parts)
+
+    @property
+    def label(self) -> str:
+        """What the trials' figures are: measured, or simulated (the simulate runner)."""
+        return figure_label(self.runner)
 
     @property
     def cfg(self) -> AutotuneConfig:
@@ -146,11 +168,78 @@ def _load_study(url: str, name: str | None) -> Any:
         raise AutotuneError(f"report: no study {name!r} in {url}") from None
 
 
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    top_k: int = Field(default=5, ge=0, le=1000)
+
+
+class _RunInfo(BaseModel):
+    """run.json as `write_run_json` writes it (unknown keys kept)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    study_name: str | None = None
+    storage: str | None = None
+    runner: str | None = None
+    runner_options: dict[str, Any] = {}
+    options: _Options = _Options()
+    command: str | None = None
+
+
+class _SweptLayout(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    text: str
+
+    @model_validator(mode="after")
+    def _fields(self) -> _SweptLayout:
+        known = {f.name for f in dataclasses.fields(Layout)}
+        fields = {k: v for k, v in (self.model_extra or {}).items() if k in known}
+        TypeAdapter(Layout).validate_json(json.dumps(fields), strict=True)
+        return self
+
+
+class _ScalingDoc(BaseModel):
+    """scaling.json as `autotune.scaling.ScalingResult.save` writes it (unknown keys kept)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    mode: Literal["weak", "strong"]
+    runner: str | None = None
+    layout: _SweptLayout
+    base_gpus: int | None = None
+    inputs: AutotuneConfig
+    points: list[ScalingPoint]
+
+
+def _read_json(path: Path, schema: type[BaseModel]) -> dict[str, Any]:
+    """A JSON object file that autotune wrote, checked against `schema` with JSON's own types
+    (strict: a number written as a string is an error, not converted)."""
+    fix = "regenerate it (rerun the command that wrote it) or delete it"
+    try:
+        text = path.read_text(encoding="utf-8")
+        value = json.loads(text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        reason = getattr(error, "msg", None) or getattr(error, "strerror", None) or "unreadable"
+        raise AutotuneError(f"report: {path} is not valid JSON ({reason}); {fix}") from None
+    if not isinstance(value, dict):
+        raise AutotuneError(
+            f"report: {path} holds a JSON {type(value).__name__}, not an object; {fix}"
+        )
+    try:
+        schema.model_validate_json(text, strict=True)
+    except ValidationError as error:
+        raise AutotuneError(f"{validation_message(error, f'report: {path}')}; {fix}") from None
+    return value
+
+
 def load_run(directory: str | Path) -> RunData:
     """Read a tune and/or scale output folder.
 
     Raises:
-        AutotuneError: when the folder holds neither a study nor scaling.json.
+        AutotuneError: when the folder holds neither a study nor scaling.json, or when run.json
+            or scaling.json is not what autotune writes.
     """
     from autotune.search import INPUTS_ATTR
     from autotune.search import trial_records
@@ -158,11 +247,13 @@ def load_run(directory: str | Path) -> RunData:
     folder = Path(directory)
     info: dict[str, Any] = {}
     if (folder / RUN_JSON).is_file():
-        info = json.loads((folder / RUN_JSON).read_text())
+        info = _read_json(folder / RUN_JSON, _RunInfo)
     url = info.get("storage")
     if url is None and (folder / "study.db").is_file():
         url = "sqlite:///study.db"
-    scaling = read_scaling(folder)
+    scaling = None
+    if (folder / SCALING_JSON).is_file():
+        scaling = _read_json(folder / SCALING_JSON, _ScalingDoc)
     config: dict[str, Any] | None = None
     records: list[dict[str, Any]] = []
     name = info.get("study_name")
@@ -177,6 +268,10 @@ def load_run(directory: str | Path) -> RunData:
         raise AutotuneError(
             f"report: {folder} holds no study (run.json or study.db) and no scaling.json; run "
             "`autotune tune --out DIR` or `autotune scale --out DIR` first")
+    try:
+        AutotuneConfig.model_validate(config)
+    except ValidationError as error:
+        raise AutotuneError(validation_message(error, f"report: the inputs of {folder}")) from None
     runner = info.get("runner") or (scaling or {}).get("runner")
     return RunData(folder, config, records, scaling, name if url else None, url, runner, info)
 
@@ -314,6 +409,7 @@ def inputs_summary(run: RunData) -> dict[str, Any]:
         "seq_length": t.seq_length,
         "global_batch_size": t.global_batch_size,
         "runner": run.runner,
+        "figures": run.label,
         "study": run.study_name,
         "storage": run.storage,
     }

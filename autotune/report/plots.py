@@ -136,26 +136,29 @@ def memory_breakdown(
     parts: Sequence[dict[str, float]],
     measured: Sequence[float | None],
     usable_bytes: float,
+    label: str = "measured",
 ) -> str:
-    """Predicted memory per GPU by part (GiB), measured peak markers and the usable memory."""
+    """Predicted memory per GPU by part (GiB), measured (or simulated: `label`) peak markers
+    and the usable memory."""
     gib = [{k: v / GIB for k, v in p.items()} for p in parts]
     marks = [m / GIB if m else None for m in measured]
     return stacked_bars(
         labels, gib, MEMORY_PARTS, MEMORY_LABELS, xlabel="memory per GPU (GiB)",
         title="Memory per GPU, predicted by part", markers=marks,
-        marker_label="measured peak", limit=usable_bytes / GIB,
+        marker_label=f"{label} peak", limit=usable_bytes / GIB,
         limit_label=f"usable GPU memory ({usable_bytes / GIB:.1f} GiB)",
     )
 
 
 def time_breakdown(
-    labels: Sequence[str], parts: Sequence[dict[str, float]], measured: Sequence[float | None]
+    labels: Sequence[str], parts: Sequence[dict[str, float]], measured: Sequence[float | None],
+    label: str = "measured",
 ) -> str:
-    """Predicted step time by part (s) with the measured step time."""
+    """Predicted step time by part (s) with the measured (or simulated: `label`) step time."""
     return stacked_bars(
         labels, parts, TIME_PARTS, PART_LABELS, xlabel="step time (s)",
         title="Step time, predicted by part", markers=measured,
-        marker_label="measured step time",
+        marker_label=f"{label} step time",
     )
 
 
@@ -164,14 +167,16 @@ def time_breakdown(
 
 @_styled
 def throughput_over_trials(
-    points: Sequence[tuple[int, str, float | None]], best_number: int | None
+    points: Sequence[tuple[int, str, float | None]], best_number: int | None,
+    label: str = "measured",
 ) -> str:
-    """(trial number, status, measured tokens/s) in study order; failures along the bottom."""
+    """(trial number, status, tokens/s as measured or simulated: `label`) in study order;
+    failures along the bottom."""
     fig, ax = _figure(10, 4.2)
     ok = [(n, v) for n, s, v in points if s == "ok" and v]
     if ok:
         ax.scatter([n for n, _ in ok], [v for _, v in ok], s=28, color=STATUS_COLORS["ok"],
-                   label="measured", zorder=3)
+                   label=label, zorder=3)
         best, xs, ys = 0.0, [], []
         for n, status, v in sorted(points, key=lambda p: p[0]):
             best = max(best, v or 0.0) if status == "ok" else best
@@ -191,14 +196,14 @@ def throughput_over_trials(
     ax.set_ylim(-0.04 * top, 1.08 * top)
     ax.set_xlabel("trial number")
     ax.set_ylabel("throughput (tokens/s)")
-    ax.set_title("Measured throughput per trial over the study", loc="left")
+    ax.set_title(f"{label.capitalize()} throughput per trial over the study", loc="left")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=4)
     return _svg(fig)
 
 
 @_styled
 def memory_vs_throughput(
-    points: Sequence[tuple[float, float, str]], usable_bytes: float
+    points: Sequence[tuple[float, float, str]], usable_bytes: float, label: str = "measured"
 ) -> str:
     """(peak memory bytes, tokens/s, status) per trial, with the feasible memory boundary."""
     fig, ax = _figure(10, 4.6)
@@ -211,7 +216,7 @@ def memory_vs_throughput(
     for status in sorted({s for _, _, s in points}, key=lambda s: (s != "ok", s)):
         chosen = [(m / GIB, v) for m, v, s in points if s == status]
         marker = "o" if status == "ok" else "x"
-        name = "ran (measured)" if status == "ok" else f"{status} (predicted memory)"
+        name = f"ran ({label})" if status == "ok" else f"{status} (predicted memory)"
         ax.scatter([m for m, _ in chosen], [v for _, v in chosen], marker=marker, s=30,
                    color=_status_color(status), label=name, zorder=3)
     ax.set_xlim(0, right)
@@ -227,16 +232,17 @@ def memory_vs_throughput(
 @_styled
 def predicted_vs_measured(
     points: Sequence[tuple[float, float]], median_abs_pct: float, winner: tuple[float, float]
-    | None = None
+    | None = None, label: str = "measured",
 ) -> str:
-    """(measured, predicted) tokens/s per ok trial, the y = x line and a ±10 % band."""
+    """(measured or simulated: `label`, predicted) tokens/s per ok trial, the y = x line and a
+    ±10 % band."""
     fig, ax = _figure(6.4, 5.4)
     values = [v for p in points for v in p]
     low, high = min(values) * 0.9, max(values) * 1.1
     line = [low, high]
     ax.fill_between(line, [v * 0.9 for v in line], [v * 1.1 for v in line], color="#55a868",
                     alpha=0.12, label="±10%")
-    ax.plot(line, line, color="#55a868", linewidth=1.2, label="prediction = measurement")
+    ax.plot(line, line, color="#55a868", linewidth=1.2, label=f"prediction = {label}")
     ax.scatter([m for m, _ in points], [p for _, p in points], s=28, color=PALETTE[0],
                label="trial", zorder=3)
     if winner is not None:
@@ -246,9 +252,9 @@ def predicted_vs_measured(
     ax.set_ylim(low, high)
     ax.xaxis.set_major_formatter(FuncFormatter(si))
     ax.yaxis.set_major_formatter(FuncFormatter(si))
-    ax.set_xlabel("measured throughput (tokens/s)")
+    ax.set_xlabel(f"{label} throughput (tokens/s)")
     ax.set_ylabel("predicted throughput (tokens/s)")
-    ax.set_title(f"Predicted vs measured (median |error| {median_abs_pct:.1f}%)", loc="left")
+    ax.set_title(f"Predicted vs {label} (median |error| {median_abs_pct:.1f}%)", loc="left")
     ax.legend(loc="upper left")
     return _svg(fig)
 
@@ -282,7 +288,9 @@ def _gpu_axis(ax: Any, sizes: Sequence[int]) -> None:
 
 
 @_styled
-def scaling_curves(series: Sequence[tuple[str, list[dict[str, Any]]]], title: str = "") -> str:
+def scaling_curves(
+    series: Sequence[tuple[str, list[dict[str, Any]]]], title: str = "", label: str = "measured"
+) -> str:
     """Throughput per GPU and efficiency against GPUs, one line per (name, ok points) series.
 
     Each point has gpus, tokens_per_s, efficiency and (optionally) predicted_efficiency; with one
@@ -295,9 +303,9 @@ def scaling_curves(series: Sequence[tuple[str, list[dict[str, Any]]]], title: st
         color = PALETTE[i % 10]
         xs = [p["gpus"] for p in points]
         left.plot(xs, [p["tokens_per_s"] for p in points], marker="o", color=color,
-                  label="measured" if single else name)
+                  label=label if single else name)
         right.plot(xs, [p["efficiency"] for p in points], marker="o", color=color,
-                   label="measured" if single else name)
+                   label=label if single else name)
         if single and points:
             base = points[0]
             ideal = [base["tokens_per_s"] / base["gpus"] * x for x in xs]

@@ -30,20 +30,21 @@ from autotune.perf import TIME_PARTS
 from autotune.report import data
 from autotune.report import plots
 from autotune.resources import resource_dir
+from autotune.rules import MEMORY_RULE_NAMES
 from autotune.scaling import PART_LABELS
 
 PLOT_CAPTIONS = {
     "memory_breakdown": "Predicted memory per GPU of the winner and runners-up, by part; "
-                        "diamonds are the measured peaks, the dashed line the usable memory.",
+                        "diamonds are the {label} peaks, the dashed line the usable memory.",
     "time_breakdown": "Predicted step time of the winner and runners-up, by part; diamonds are "
-                      "the measured step times.",
-    "throughput_over_trials": "Measured throughput of every trial in study order; trials that "
-                              "measured nothing sit at zero, marked by outcome.",
-    "memory_vs_throughput": "Peak memory per GPU (measured when known, else predicted) against "
+                      "the {label} step times.",
+    "throughput_over_trials": "{Label} throughput of every trial in study order; trials that "
+                              "yielded none sit at zero, marked by outcome.",
+    "memory_vs_throughput": "Peak memory per GPU ({label} when known, else predicted) against "
                             "throughput; right of the dashed line a layout does not fit. Trials "
                             "rejected by structural rules have no memory and are not shown.",
-    "predicted_vs_measured": "The model's throughput prediction against the measurement of each "
-                             "trial that ran.",
+    "predicted_vs_measured": "The model's throughput prediction against the {label} throughput "
+                             "of each trial that ran.",
     "scaling": "Scaling sweep: throughput and efficiency per size (efficiency = throughput per "
                "GPU relative to the smallest size that ran).",
     "scaling_breakdown": "Predicted step-time parts per size, normalised per GPU and per token "
@@ -51,7 +52,21 @@ PLOT_CAPTIONS = {
                          "grows is what costs efficiency.",
     "outcomes": "How many trials ended in each outcome.",
 }
-"""Every plot a report can hold (file plots/NAME.svg), with its caption."""
+"""Every plot a report can hold (file plots/NAME.svg), with its caption ({label}: measured or
+simulated, `autotune.report.data.figure_label`)."""
+FIGURES_NOTE = {
+    "measured": "Measured figures come from the runner, predicted ones from autotune's memory "
+                "and step-time model; error = (predicted − measured) / measured throughput.",
+    "simulated": "Simulated figures: the simulate runner ran no training; its figures are "
+                 "autotune's own model with perturbed constants, predicted ones the unperturbed "
+                 "model; error = (predicted − simulated) / simulated throughput.",
+}
+"""The note above the winners' table, by figure label."""
+
+
+def caption(name: str, label: str) -> str:
+    """The caption of plot `name` for figures that are `label` (measured or simulated)."""
+    return PLOT_CAPTIONS[name].format(label=label, Label=label.capitalize())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +145,7 @@ def _memory_points(run: data.RunData) -> list[tuple[float, float, str]]:
             points.append((memory, r["measured_tokens_per_s"], "ok"))
         elif status in data.FAILED and memory:
             points.append((memory, 0.0, status))
-        elif status == "infeasible" and r.get("rule") in ("memory_fits", "host_memory_fits"):
+        elif status == "infeasible" and r.get("rule") in MEMORY_RULE_NAMES:
             layout = Layout(**r["layout_fields"])
             points.append((estimate(cfg, layout, k).peak_memory_bytes, 0.0, "infeasible"))
     return points
@@ -146,30 +161,30 @@ def build_plots(run: data.RunData, top_k: int = 5) -> dict[str, str]:
         labels = [f"#{i + 1} {short_layout(r['layout_fields'])}" for i, r in enumerate(top)]
         out["memory_breakdown"] = plots.memory_breakdown(
             labels, [r["predicted"]["memory"]["parts"] for r in top],
-            [r.get("measured_peak_memory_bytes") for r in top], usable)
+            [r.get("measured_peak_memory_bytes") for r in top], usable, run.label)
         out["time_breakdown"] = plots.time_breakdown(
             labels, [r["predicted"]["time"]["parts"] for r in top],
-            [r.get("measured_step_time_s") for r in top])
+            [r.get("measured_step_time_s") for r in top], run.label)
     if run.records:
         ranked = run.ranked
         out["throughput_over_trials"] = plots.throughput_over_trials(
             [(r["number"], r.get("status", ""), r.get("measured_tokens_per_s"))
              for r in run.records],
-            ranked[0]["number"] if ranked else None)
+            ranked[0]["number"] if ranked else None, run.label)
         memory = _memory_points(run)
         if memory:
-            out["memory_vs_throughput"] = plots.memory_vs_throughput(memory, usable)
+            out["memory_vs_throughput"] = plots.memory_vs_throughput(memory, usable, run.label)
         pairs = [(r["measured_tokens_per_s"], r["predicted"]["tokens_per_s"])
                  for r in ranked if r.get("predicted")]
         error = data.prediction_error(run.records)
         if pairs and error:
             winner = pairs[0] if ranked[0].get("predicted") else None
             out["predicted_vs_measured"] = plots.predicted_vs_measured(
-                pairs, error["median_abs_error_pct"], winner)
+                pairs, error["median_abs_error_pct"], winner, run.label)
     if run.scaling:
         ok = [p for p in run.scaling["points"] if p.get("efficiency") is not None]
         if ok:
-            out["scaling"] = plots.scaling_curves([("", ok)])
+            out["scaling"] = plots.scaling_curves([("", ok)], label=run.label)
             out["scaling_breakdown"] = plots.scaling_breakdown(ok, ok[0])
     if run.records:
         counts = Counter(r.get("status", "") for r in run.records)
@@ -215,13 +230,13 @@ def _inputs_tables(run: data.RunData) -> dict[str, Table]:
             "train": Table(["training and search", "value"], train_rows)}
 
 
-def _winners_table(summary: dict[str, Any]) -> Table | None:
+def _winners_table(summary: dict[str, Any], label: str) -> Table | None:
     rows = [summary["best"], *summary["runners_up"]] if summary["best"] else []
     if not rows:
         return None
     table = Table(
-        ["#", "trial", "layout", "dp", "gas", "tokens/s", "predicted", "error", "TFLOP/s/GPU",
-         "MFU", "pred. MFU", "peak GiB", "pred. GiB"],
+        ["#", "trial", "layout", "dp", "gas", f"tokens/s ({label})", "predicted", "error",
+         "TFLOP/s/GPU", "MFU", "pred. MFU", "peak GiB", "pred. GiB"],
         [], "rrlrrrrrrrrrr")
     for h in rows:
         p, f = h["predicted"], h["layout_fields"]
@@ -234,7 +249,7 @@ def _winners_table(summary: dict[str, Any]) -> Table | None:
     return table
 
 
-def _parts_table(record: dict[str, Any]) -> tuple[Table, Table]:
+def _parts_table(record: dict[str, Any], label: str) -> tuple[Table, Table]:
     predicted = record["predicted"]
     memory, time = predicted["memory"], predicted["time"]
     mem = Table(["memory part", "GiB", "share"], [], "lrr")
@@ -244,7 +259,7 @@ def _parts_table(record: dict[str, Any]) -> tuple[Table, Table]:
             mem.rows.append([plots.MEMORY_LABELS[name], gib(value), pct(value / memory["total"])])
     mem.rows.append(["total (predicted)", gib(memory["total"]), "100%"])
     if record.get("measured_peak_memory_bytes"):
-        mem.rows.append(["measured peak", gib(record["measured_peak_memory_bytes"]), ""])
+        mem.rows.append([f"{label} peak", gib(record["measured_peak_memory_bytes"]), ""])
     step = Table(["step-time part", "seconds", "share"], [], "lrr")
     for name in TIME_PARTS:
         value = time["parts"].get(name, 0.0)
@@ -252,14 +267,15 @@ def _parts_table(record: dict[str, Any]) -> tuple[Table, Table]:
             step.rows.append([PART_LABELS[name], f"{value:.3f}", pct(value / time["total"])])
     step.rows.append(["total (predicted)", f"{time['total']:.3f}", "100%"])
     if record.get("measured_step_time_s"):
-        step.rows.append(["measured", f"{record['measured_step_time_s']:.3f}", ""])
+        step.rows.append([label, f"{record['measured_step_time_s']:.3f}", ""])
     return mem, step
 
 
-def scaling_table(scaling: dict[str, Any]) -> Table:
+def scaling_table(scaling: dict[str, Any], label: str = "measured") -> Table:
     """The sweep's points: shape, outcome, throughput, efficiency, flag and what grew."""
     table = Table(
-        ["GPUs", "nodes", "dp", "gas", "global batch", "status", "tokens/s", "tokens/s/GPU",
+        ["GPUs", "nodes", "dp", "gas", "global batch", "status", f"tokens/s ({label})",
+         "tokens/s/GPU",
          "efficiency", "predicted eff.", "flag or reason", "grew most (efficiency lost)"],
         [], "rrrrrlrrrrll")
     for p in scaling["points"]:
@@ -306,14 +322,14 @@ def highlights(run: data.RunData, summary: dict[str, Any]) -> list[str]:
     if best:
         p = best["predicted"]
         lines.append(
-            f"Winner: `{best['layout']}` (dp={best['layout_fields']['dp']}, "
+            f"Winner ({run.label} figures): `{best['layout']}` (dp={best['layout_fields']['dp']}, "
             f"gas={best['layout_fields']['gas']}), trial {best['trial']}: "
             f"{num(best['tokens_per_s'])} tokens/s ({num(best['tokens_per_s_per_gpu'])} per GPU), "
             f"{tflops(best['tflops_per_gpu'])} TFLOP/s per GPU, MFU {pct(best['mfu'])}, "
             f"peak memory {num(best['peak_memory_gib'], 1)} GiB; predicted "
             f"{num(p['tokens_per_s'])} tokens/s ({signed_pct(best['error_pct'])} off).")
     elif run.records:
-        lines.append("No trial measured a throughput: see the failures below.")
+        lines.append(f"No trial yielded a {run.label} throughput: see the failures below.")
     if study:
         outcomes = ", ".join(f"{n} {s}" for s, n in sorted(
             study["by_status"].items(), key=lambda kv: (-kv[1], kv[0])))
@@ -340,8 +356,8 @@ def _failures_table(summary: dict[str, Any]) -> Table | None:
 
 
 def _all_trials_table(run: data.RunData) -> Table:
-    table = Table(["trial", "status", "layout", "tokens/s", "predicted", "peak GiB",
-                   "rule / reason"], [], "rllrrrl")
+    table = Table(["trial", "status", "layout", f"tokens/s ({run.label})", "predicted",
+                   "peak GiB", "rule / reason"], [], "rllrrrl")
     for row in data.trial_rows(run.records):
         peak = row["measured_peak_memory_gib"] or row["predicted_peak_memory_gib"]
         note = " ".join(filter(None, [row["rule"], row["reason"]]))
@@ -431,24 +447,25 @@ def report_context(run: data.RunData, summary: dict[str, Any], svgs: dict[str, s
     """Everything the report templates show, formatted."""
     cfg = run.cfg
     top = _top(run, top_k)
-    memory_table, time_table = _parts_table(top[0]) if top else (None, None)
+    memory_table, time_table = _parts_table(top[0], run.label) if top else (None, None)
     return {
         "title": f"{cfg.model.name} on {cfg.cluster.name}",
         "subtitle": (f"{cfg.world_size} × {cfg.cluster.gpu.name} · {cfg.train.framework} · "
-                     f"{run.kind} · runner {run.runner or '–'}"),
+                     f"{run.kind} · runner {run.runner or '–'} ({run.label} figures)"),
         "summary": summary,
         "highlights": highlights(run, summary),
         "inputs": _inputs_tables(run),
-        "winners": _winners_table(summary),
+        "winners": _winners_table(summary, run.label),
+        "figures_note": FIGURES_NOTE[run.label],
         "winner_memory": memory_table,
         "winner_time": time_table,
         "all_trials": _all_trials_table(run) if run.records else None,
         "failures": _failures_table(summary),
-        "scaling": scaling_table(run.scaling) if run.scaling else None,
+        "scaling": scaling_table(run.scaling, run.label) if run.scaling else None,
         "scaling_verdict": _scaling_verdict(summary) if run.scaling else "",
         "configs": _configs(run, summary),
         "plots": {name: {"svg": Markup(svg), "file": f"plots/{name}.svg",
-                         "caption": PLOT_CAPTIONS[name]} for name, svg in svgs.items()},
+                         "caption": caption(name, run.label)} for name, svg in svgs.items()},
     }
 
 

@@ -1,47 +1,77 @@
-"""Build a runner by name from one options value (what the CLI's runner flags say)."""
+"""The runner settings (what the CLI's runner flags say) and the runner they build."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
+from typing import Annotated
+from typing import Any
+
+from pydantic import AfterValidator
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
 
 from autotune.exceptions import AutotuneError
+from autotune.exceptions import shorten
 from autotune.runners.base import Runner
+from autotune.specs import FiniteFloat
+from autotune.specs import Integer
+from autotune.specs import Seed
+from autotune.specs import at_most
 
 RUNNERS = ("simulate", "command", "local", "slurm")
 """Runner names, as `--runner` takes them."""
 
 
-@dataclasses.dataclass(frozen=True)
-class RunnerOptions:
-    """Every runner's settings; each runner reads its own."""
+_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+Seconds = Annotated[FiniteFloat, Field(gt=0), at_most(30 * 86400, "30 days")]
+"""A duration in seconds."""
 
-    timeout_s: float = 3600.0
-    """Per-trial wall-clock limit, seconds (command, local, slurm)."""
-    noise: float = 0.0
-    """simulate: σ of the perturbation of the truth."""
-    seed: int = 0
+
+def _known_runner(name: str) -> str:
+    if name not in RUNNERS:
+        raise ValueError(f"{shorten(name, 20)} is not a runner; choose {', '.join(RUNNERS)}")
+    return name
+
+
+class RunnerSettings(BaseModel):
+    """The runner that measures trials, and its options (each runner reads its own)."""
+
+    model_config = _CONFIG
+
+    name: Annotated[str, AfterValidator(_known_runner)] = "simulate"
+    """simulate, command, local or slurm."""
+    timeout_s: Seconds = 3600.0
+    """Wall-clock limit of one trial or sweep point (command, local, slurm)."""
+    noise: Annotated[
+        FiniteFloat, Field(ge=0), at_most(1.0, "a log-normal sigma of 1 already varies 2.7x")
+    ] = 0.0
+    """simulate: sigma of the log-normal perturbation of the model's constants."""
+    seed: Seed = 0
     """simulate: seed of the perturbation."""
     command: str | None = None
-    """command: the command template."""
-    steps: int = 6
-    """local, slurm: optimizer steps per trial (warm-up included)."""
-    hang_timeout_s: float = 300.0
-    """local: no new step within this many seconds is a hang."""
+    """command: the command template (placeholders {layout_json}, {trial_dir}, ...)."""
+    steps: Annotated[
+        Integer, Field(ge=1), at_most(100_000, "a trial measures steps, it does not train")
+    ] = 6
+    """local, slurm: optimizer steps per trial, warm-up included."""
+    hang_timeout_s: Seconds = 300.0
+    """local: seconds without a new step before a trial counts as hung."""
     launcher: str = "torchrun"
-    """local: torchrun or deepspeed."""
+    """local: the launcher of trial processes, torchrun or deepspeed."""
     megatron_lm: str | None = None
-    """local: a Megatron-LM checkout; trials then run its pretrain_gpt.py."""
+    """local: a Megatron-LM checkout whose pretrain_gpt.py runs the trials."""
     partition: str | None = None
     """slurm: partition of the trial jobs."""
     account: str | None = None
-    """slurm: account charged."""
+    """slurm: account charged for the trial jobs."""
     time_limit: str | None = None
-    """slurm: --time of each job."""
-    slurm_opts: Sequence[str] = ()
+    """slurm: Slurm --time of each trial job (default: the timeout plus 5 minutes)."""
+    slurm_opts: tuple[str, ...] = ()
     """slurm: more sbatch options, KEY=VAL or KEY."""
-    resume: bool = False
-    """slurm: re-attach to jobs still running."""
+
+    def build(self, resume: bool = False) -> Runner:
+        """The runner (`resume`: a Slurm runner re-attaches to jobs still running)."""
+        return make_runner(self, resume=resume)
 
     def explicit_slurm(self) -> dict[str, object]:
         """The slurm-only settings the user gave."""
@@ -49,9 +79,22 @@ class RunnerOptions:
                   "time_limit": self.time_limit, "slurm_opt": list(self.slurm_opts)}
         return {k: v for k, v in values.items() if v}
 
+    def recorded(self) -> dict[str, Any]:
+        """The settings of this runner worth keeping in run.json."""
+        keep = {
+            "simulate": ("noise", "seed"),
+            "command": ("command", "timeout_s"),
+            "local": ("steps", "launcher", "megatron_lm", "timeout_s", "hang_timeout_s"),
+            "slurm": ("steps", "partition", "account", "time_limit", "slurm_opts", "timeout_s"),
+        }[self.name]
+        values = self.model_dump(include=set(keep), mode="json")
+        return {k: v for k, v in values.items() if v not in (None, [], ())}
 
-def make_runner(name: str, options: RunnerOptions) -> Runner:
-    """The runner called `name`, configured from `options`."""
+
+def make_runner(options: RunnerSettings, resume: bool = False) -> Runner:
+    """The runner `options.name`, configured from `options` (`resume`: re-attach to live
+    Slurm jobs)."""
+    name = options.name
     slurm = options.explicit_slurm()
     if slurm and name != "slurm":
         flags = ", ".join("--" + k.replace("_", "-") for k in slurm)
@@ -86,5 +129,5 @@ def make_runner(name: str, options: RunnerOptions) -> Runner:
                            options=parse_slurm_opts(options.slurm_opts),
                            timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
                            steps=options.steps, warmup=min(2, options.steps - 1),
-                           megatron_lm=options.megatron_lm, reattach=options.resume)
+                           megatron_lm=options.megatron_lm, reattach=resume)
     raise AutotuneError(f"--runner: {name!r} must be one of {', '.join(RUNNERS)}")

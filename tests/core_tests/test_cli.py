@@ -73,14 +73,11 @@ def test_space_json_and_table() -> None:
         (["space", "-m", "gpt3-175b", "-c", "dgx-a100:1"], "no feasible layout"),
         (["estimate", "-m", "llama2-7b", "-c", "dgx-a100:1", "-l", "tp=3"], "does not divide"),
         (["space", "-m", "llama2-7b", "-c", "dgx-a100:1", "--framework", "jax"], "framework"),
-        (["space", "-m", "llama2-7b", "-c", "dgx-a100:1", "--gbs", "0"], "global_batch_size"),
+        (["space", "-m", "llama2-7b", "-c", "dgx-a100:1", "--gbs", "0"], "--gbs 0"),
     ],
 )
 def test_bad_input_exits_2_without_traceback(args, message, capsys) -> None:
-    import sys
-
-    sys.argv = ["autotune", *args]
-    code = _run(lambda **kw: app(args=args, **kw))
+    code = _run(app, args)
     captured = capsys.readouterr()
     assert code == 2
     assert message in captured.err.replace("\n", " ")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,12 +120,7 @@ def test_cli_exits_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixtur
     """Oracle: the CLI's exit-code contract (2 for bad input) with the key in the message."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(_llama(vocab_size=None)))
-    args = ["space", "--model", str(path), "--cluster", "dgx-h100:1"]
-    saved, sys.argv = sys.argv, ["autotune", *args]
-    try:
-        code = _run(lambda **kw: app(args=args, **kw))
-    finally:
-        sys.argv = saved
+    code = _run(app, ["space", "--model", str(path), "--cluster", "dgx-h100:1"])
     err = capsys.readouterr().err.replace("\n", " ")
     assert code == 2
     assert "vocab_size: required" in err and "Traceback" not in err

@@ -18,10 +18,10 @@ BASE = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_siz
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"hidden_size": True}, "hidden_size\n  Input should be a valid integer"),
+        ({"hidden_size": True}, "hidden_size\n  must be a number, not true/false"),
         ({"hidden_size": "768"}, "hidden_size\n  Input should be a valid integer"),
-        ({"vocab_size": 2**31}, "vocab_size\n  Input should be less than or equal to 2147483647"),
-        ({"num_layers": 0}, "num_layers\n  Input should be greater than 0"),
+        ({"vocab_size": 2**31}, "vocab_size\n  must be at most 16,777,216"),
+        ({"num_layers": 0}, "num_layers\n  Input should be greater than or equal to 1"),
         ({"hidden_dropout": 1.0}, "hidden_dropout\n  Input should be less than 1"),
         ({"hidden_size": 66}, r"hidden_size \(66\) must be divisible by num_attention_heads"),
         ({"num_query_groups": 3}, r"num_attention_heads \(4\) must be divisible by "),

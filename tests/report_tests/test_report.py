@@ -142,7 +142,7 @@ def test_study_where_nothing_ran_ok(tmp_path: Path) -> None:
     assert summary["failures"][0] == {"status": "oom", "rule": "", "count": 3,
                                       "reasons": ["CUDA out of memory"]}
     md = written["report.md"].read_text()
-    assert "No trial measured a throughput" in md and "No size of the sweep ran" in md
+    assert "No trial yielded a simulated throughput" in md and "No size of the sweep ran" in md
     html = written["report.html"].read_text()
     for name in summary["files"]["plots"]:
         assert f'id="plot-{name}"' in html and f"](plots/{name}.svg)" in md
