@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Iterable
 from collections.abc import Sequence
 from typing import Any
+from typing import Protocol
 
 import numpy as np
 
@@ -25,6 +26,15 @@ LIMIT_REASONS = {
     "zero": "ZeRO stages are 0 to 3", "vpp": "a virtual stage holds one layer at least",
 }
 """Why each --layout number has its upper bound."""
+
+
+class LayoutDefaults(Protocol):
+    """What a layout gets when the text leaves a dimension out (a framework's bundle)."""
+
+    @property
+    def default_zero(self) -> int: ...
+
+    def default_sp(self, tp: int) -> bool: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,8 +152,10 @@ class Layout:
         return dataclasses.replace(self, dp=dp, gas=global_batch_size // (self.mbs * dp))
 
     @classmethod
-    def parse(cls, text: str, world_size: int, global_batch_size: int, framework: str) -> Layout:
-        """Read the CLI form; dp and gas are derived, sp defaults to on when tp>1 for megatron.
+    def parse(
+        cls, text: str, world_size: int, global_batch_size: int, defaults: LayoutDefaults
+    ) -> Layout:
+        """Read the CLI form; dp and gas are derived, zero and sp default as `defaults` says.
 
         Each key may appear once; dp and gas, when given, must equal the derived values.
 
@@ -220,9 +232,9 @@ class Layout:
                 f"--layout: gas={values['gas']} contradicts the global batch {global_batch_size} "
                 f"= mbs·dp·gas = {mbs}·{dp}·gas; drop gas (it is derived: {gas}) or change --gbs"
             )
-        sp_default = "on" if (framework == "megatron" and tp > 1) else "off"
+        sp_default = "on" if defaults.default_sp(tp) else "off"
         sp = choice("sp", ("on", "off", "true", "false", "1", "0"), sp_default)
-        zero = integer("zero", 1 if framework == "megatron" else 0)
+        zero = integer("zero", defaults.default_zero)
         return cls.derived(
             world_size,
             global_batch_size,

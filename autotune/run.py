@@ -36,6 +36,9 @@ from pydantic import StrictBool
 from autotune.constants import constants_for
 from autotune.exceptions import AutotuneError
 from autotune.exceptions import shorten
+from autotune.frameworks import FRAMEWORKS
+from autotune.frameworks import framework_of
+from autotune.frameworks import get_framework
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.rules import MEMORY_RULE_NAMES
@@ -165,8 +168,9 @@ class RunConfig(BaseModel):
     """The command line that started the run (kept in run.json; repeated to resume)."""
 
     def framework(self) -> str:
-        """The framework: as given, else deepspeed for local CPU trials without a Megatron-LM
-        checkout (megatron-core needs CUDA), else megatron."""
+        """The framework: as given, else for local CPU trials without a framework checkout the
+        first framework whose trial programs train on CPU (DeepSpeed: megatron-core needs
+        CUDA), else the first framework (Megatron)."""
         if self.problem.framework:
             return self.problem.framework
         cpu_trials = (
@@ -175,7 +179,9 @@ class RunConfig(BaseModel):
             and not self.runner.megatron_lm
             and not cuda_available()
         )
-        return "deepspeed" if cpu_trials else "megatron"
+        if cpu_trials:
+            return next(name for name in FRAMEWORKS if get_framework(name).trains_on_cpu)
+        return FRAMEWORKS[0]
 
     def load(self) -> AutotuneConfig:
         """The problem, with this run's framework."""
@@ -227,7 +233,7 @@ def check_layout(cfg: AutotuneConfig, text: str) -> tuple[Layout, list[tuple[str
     Raises:
         AutotuneError: when it breaks a structural rule (its memory and speed mean nothing).
     """
-    layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, cfg.train.framework)
+    layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, framework_of(cfg))
     broken = violations(cfg, layout, constants_for(cfg.cluster.gpu))
     structural = [(name, reason) for name, reason in broken if name not in MEMORY_RULE_NAMES]
     if structural:
@@ -359,7 +365,7 @@ def scale(config: RunConfig) -> ScaleOutcome:
         raise AutotuneError("--layout: scale needs the layout to sweep, e.g. -l tp=8,pp=2")
     cfg = config.load()
     layout = Layout.parse(
-        config.scale.layout, cfg.world_size, cfg.train.global_batch_size, cfg.train.framework
+        config.scale.layout, cfg.world_size, cfg.train.global_batch_size, framework_of(cfg)
     )
     runner = config.runner.build()
     out = prepare_out(config.out)

@@ -8,6 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 from autotune.exceptions import AutotuneError
+from autotune.frameworks import get_framework
 from autotune.layout import Layout
 
 KEYS = ("tp", "pp", "cp", "vpp", "zero", "offload", "mbs", "recompute", "sp", "dp", "gas")
@@ -31,12 +32,13 @@ def test_dp_and_gas_follow_from_the_grid(grid: tuple[int, ...], framework: str) 
     defaults to on for Megatron with tp > 1 (the README's layout rule); stating the derived dp
     and gas changes nothing."""
     world, gbs, tp, pp, cp, mbs = grid
-    layout = Layout.parse(f"tp={tp}, pp={pp},cp={cp} ,mbs={mbs}", world, gbs, framework)
+    layout = Layout.parse(f"tp={tp}, pp={pp},cp={cp} ,mbs={mbs}", world, gbs,
+        get_framework(framework))
     dp = world // (tp * pp * cp)
     assert (layout.dp, layout.gas) == (dp, gbs // (mbs * dp))
     assert layout.sp == (framework == "megatron" and tp > 1)
     stated = Layout.parse(f"tp={tp},pp={pp},cp={cp},mbs={mbs},dp={dp},gas={layout.gas}", world,
-                          gbs, framework)
+                          gbs, get_framework(framework))
     assert stated == layout
 
 
@@ -47,7 +49,7 @@ def test_a_key_given_twice_is_refused(key: str, first: str, second: str) -> None
     """Oracle: `tp=8,tp=4` names two tensor-parallel degrees; which one was meant is unknown
     (the last used to win silently)."""
     with pytest.raises(AutotuneError, match=f"--layout: {key} is given twice"):
-        Layout.parse(f"{key}={first},{key}={second}", 8, 64, "megatron")
+        Layout.parse(f"{key}={first},{key}={second}", 8, 64, get_framework("megatron"))
 
 
 @pytest.mark.parametrize(
@@ -67,4 +69,4 @@ def test_a_key_given_twice_is_refused(key: str, first: str, second: str) -> None
 def test_numbers_are_whole_and_bounded(text: str, match: str) -> None:
     """Oracle: worked by hand for 8 GPUs and a global batch of 64 (dp = 8 at tp=1, so gas = 8)."""
     with pytest.raises(AutotuneError, match=match):
-        Layout.parse(text, 8, 64, "megatron")
+        Layout.parse(text, 8, 64, get_framework("megatron"))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from autotune.exceptions import AutotuneError
+from autotune.frameworks import get_framework
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.report import compare
@@ -24,7 +25,8 @@ SIMULATED = re.compile(r"\bsimulated\b")
 
 def _sweep(folder: Path, runner) -> Path:
     cfg = load_config("llama3-8b", "dgx-h100:2")
-    layout = Layout.parse("tp=2,zero=1", 16, cfg.train.global_batch_size, "megatron")
+    layout = Layout.parse("tp=2,zero=1", 16, cfg.train.global_batch_size,
+        get_framework("megatron"))
     sweep(cfg, layout, [8, 16], "weak", runner, folder)
     return folder
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psutil
 
+from autotune.frameworks import framework_of
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.render import write_artifacts
@@ -48,7 +49,7 @@ def trial_plan(cfg: AutotuneConfig, layout: Layout, out: Path, number: int = 0,
 
 def first_layout(cfg: AutotuneConfig, text: str = "tp=1,pp=1,zero=1,mbs=2") -> Layout:
     """A layout of the tiny problem from its text form."""
-    return Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, cfg.train.framework)
+    return Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, framework_of(cfg))
 
 
 def queued_jobs() -> set[str]:

@@ -26,6 +26,7 @@ from helpers_cluster import trial_plan
 import autotune.runners.slurm as slurm
 import autotune.runners.slurm_client as slurm_client
 from autotune.exceptions import AutotuneError
+from autotune.frameworks import get_framework
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.runners.base import Measurement
@@ -281,7 +282,8 @@ def _lint(script: str, path: Path) -> None:
 
 def test_script_is_sized_from_the_layout(tmp_path: Path) -> None:
     gpu = load_config("tiny-gpt", "dgx-h100:2", framework="deepspeed")
-    layout = Layout.parse("tp=1,pp=1,zero=1,mbs=1", 16, gpu.train.global_batch_size, "deepspeed")
+    layout = Layout.parse("tp=1,pp=1,zero=1,mbs=1", 16, gpu.train.global_batch_size,
+        get_framework("deepspeed"))
     plan = trial_plan(gpu, layout, tmp_path)
     runner = SlurmRunner(partition="gpu", options={"qos": "high"})
     script = trial_sbatch_script(plan, job_name="j", directives=runner.directives,

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from autotune.exceptions import AutotuneError
+from autotune.frameworks import get_framework
 from autotune.inputs import load_cluster
 from autotune.inputs import load_config
 from autotune.inputs import load_model
@@ -186,11 +187,12 @@ def test_bad_cluster_and_precision() -> None:
 
 def test_layout_text_roundtrip_and_derivation() -> None:
     layout = Layout.parse(
-        "tp=8,pp=4,cp=1,vpp=1,zero=1,offload=none,mbs=1,recompute=selective", 128, 1024, "megatron"
+        "tp=8,pp=4,cp=1,vpp=1,zero=1,offload=none,mbs=1,recompute=selective", 128, 1024,
+            get_framework("megatron")
     )
     assert (layout.dp, layout.gas, layout.sp) == (4, 256, True)
-    assert Layout.parse(layout.text, 128, 1024, "megatron") == layout
-    assert Layout.parse("tp=2", 8, 64, "deepspeed").sp is False
+    assert Layout.parse(layout.text, 128, 1024, get_framework("megatron")) == layout
+    assert Layout.parse("tp=2", 8, 64, get_framework("deepspeed")).sp is False
 
 
 @pytest.mark.parametrize(
@@ -206,4 +208,4 @@ def test_layout_text_roundtrip_and_derivation() -> None:
 )
 def test_layout_errors(text: str, message: str) -> None:
     with pytest.raises(AutotuneError, match=message):
-        Layout.parse(text, 8, 64, "megatron")
+        Layout.parse(text, 8, 64, get_framework("megatron"))

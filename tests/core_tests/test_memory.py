@@ -8,6 +8,7 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 
 from autotune.constants import Constants
 from autotune.estimate import estimate
+from autotune.frameworks import get_framework
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.memory import GIB
@@ -31,7 +32,7 @@ def test_zero2_matches_deepspeed_estimator(preset: str, nodes: int, offload: boo
         f"zero=2,offload={'optimizer' if offload else 'none'}",
         cfg.world_size,
         cfg.train.global_batch_size,
-        "deepspeed",
+        get_framework("deepspeed"),
     )
     params = cfg.model.num_params()
     _, gpu = estimate_zero2_model_states_mem_needs(params, 8, nodes, cpu_offload=offload)
@@ -46,7 +47,8 @@ def test_zero3_matches_deepspeed_estimator(preset: str, nodes: int, offload: str
         preset, f"dgx-a100:{nodes}", framework="deepspeed", global_batch_size=64 * nodes
     )
     layout = Layout.parse(
-        f"zero=3,offload={offload}", cfg.world_size, cfg.train.global_batch_size, "deepspeed"
+        f"zero=3,offload={offload}", cfg.world_size, cfg.train.global_batch_size,
+            get_framework("deepspeed")
     )
     largest = cfg.model.hidden_size * cfg.model.vocab_size  # the embedding is the largest module
     _, gpu, _ = estimate_zero3_model_states_mem_needs(
@@ -64,7 +66,8 @@ def test_megatron_reference_example_gpt3_175b() -> None:
     """Megatron's theoretical_memory_usage: 10.04 GiB weights+optimizer, 9.61 GiB activations."""
     cfg = load_config("gpt3-175b", "dgx-a100:128", global_batch_size=1536)
     layout = Layout.parse(
-        "tp=8,pp=16,zero=1,mbs=1,recompute=selective", cfg.world_size, 1536, "megatron"
+        "tp=8,pp=16,zero=1,mbs=1,recompute=selective", cfg.world_size, 1536,
+            get_framework("megatron")
     )
     parts = estimate(cfg, layout, K).memory_parts
     assert _model_states(cfg, layout) / GIB == pytest.approx(10.04, rel=0.02)
@@ -105,7 +108,8 @@ def _megatron_formula(cfg, layout: Layout) -> tuple[float, float]:
 )
 def test_megatron_formula_within_two_percent(preset: str, cluster: str, text: str) -> None:
     cfg = load_config(preset, cluster)
-    layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, "megatron")
+    layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size,
+        get_framework("megatron"))
     states, act = _megatron_formula(cfg, layout)
     parts = estimate(cfg, layout, K).memory_parts
     assert _model_states(cfg, layout) == pytest.approx(states, rel=0.02)
@@ -116,21 +120,22 @@ def test_recompute_and_flash_order_activations() -> None:
     cfg = load_config("llama2-7b", "dgx-a100:1")
     sizes = {}
     for recompute in ("none", "selective", "full"):
-        layout = Layout.parse(f"tp=2,pp=2,mbs=2,recompute={recompute}", 8, 1024, "megatron")
+        layout = Layout.parse(f"tp=2,pp=2,mbs=2,recompute={recompute}", 8, 1024,
+            get_framework("megatron"))
         sizes[recompute] = estimate(cfg, layout, K).memory_parts["activations"]
     assert sizes["full"] < sizes["selective"] <= sizes["none"]
     no_flash = cfg.model_copy(
         update={"train": cfg.train.model_copy(update={"flash_attention": False})}
     )
-    layout = Layout.parse("tp=2,pp=2,mbs=2,recompute=none", 8, 1024, "megatron")
+    layout = Layout.parse("tp=2,pp=2,mbs=2,recompute=none", 8, 1024, get_framework("megatron"))
     assert estimate(no_flash, layout, K).memory_parts["activations"] > sizes["none"] * 2
 
 
 def test_sequence_and_context_parallel_shrink_activations() -> None:
     cfg = load_config("llama3-8b", "dgx-h100:1")
-    base = Layout.parse("tp=4,sp=off,mbs=1", 8, 512, "megatron")
-    with_sp = Layout.parse("tp=4,sp=on,mbs=1", 8, 512, "megatron")
-    with_cp = Layout.parse("tp=4,cp=2,sp=on,mbs=1", 8, 512, "megatron")
+    base = Layout.parse("tp=4,sp=off,mbs=1", 8, 512, get_framework("megatron"))
+    with_sp = Layout.parse("tp=4,sp=on,mbs=1", 8, 512, get_framework("megatron"))
+    with_cp = Layout.parse("tp=4,cp=2,sp=on,mbs=1", 8, 512, get_framework("megatron"))
     act = [estimate(cfg, lay, K).memory_parts["activations"] for lay in (base, with_sp, with_cp)]
     assert act[0] > act[1] > act[2]
     assert act[2] == pytest.approx(act[1] / 2, rel=0.01)
@@ -138,9 +143,10 @@ def test_sequence_and_context_parallel_shrink_activations() -> None:
 
 def test_interleaving_holds_more_in_flight() -> None:
     cfg = load_config("gpt3-175b", "dgx-a100:64")
-    plain = Layout.parse("tp=8,pp=8,zero=1,mbs=1,recompute=selective", 512, 1536, "megatron")
+    plain = Layout.parse("tp=8,pp=8,zero=1,mbs=1,recompute=selective", 512, 1536,
+        get_framework("megatron"))
     interleaved = Layout.parse(
-        "tp=8,pp=8,vpp=4,zero=1,mbs=1,recompute=selective", 512, 1536, "megatron"
+        "tp=8,pp=8,vpp=4,zero=1,mbs=1,recompute=selective", 512, 1536, get_framework("megatron")
     )
     a = estimate(cfg, plain, K).memory_parts["activations"]
     b = estimate(cfg, interleaved, K).memory_parts["activations"]
@@ -153,7 +159,7 @@ def test_zero3_with_ulysses_shards_over_dp_times_cp(cp: int) -> None:
     optimizers `dp_process_group=self.seq_data_parallel_group` (deepspeed/runtime/engine.py),
     the data-parallel ranks times the Ulysses ranks, so states shard over all 8 GPUs here."""
     cfg = load_config("llama2-7b", "dgx-a100:1", framework="deepspeed", global_batch_size=64)
-    layout = Layout.parse(f"zero=3,cp={cp}", cfg.world_size, 64, "deepspeed")
+    layout = Layout.parse(f"zero=3,cp={cp}", cfg.world_size, 64, get_framework("deepspeed"))
     assert layout.dp == 8 // cp
     largest = cfg.model.hidden_size * cfg.model.vocab_size  # the embedding is the largest module
     _, gpu, _ = estimate_zero3_model_states_mem_needs(

@@ -7,6 +7,7 @@ import pytest
 
 from autotune.constants import Constants
 from autotune.exceptions import AutotuneError
+from autotune.frameworks import framework_of
 from autotune.frameworks.megatron_args import uneven_edge_layers
 from autotune.inputs import load_config
 from autotune.layout import Layout
@@ -21,7 +22,7 @@ K = Constants()
 
 
 def _broken(cfg, text: str) -> list[str]:
-    layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, cfg.train.framework)
+    layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, framework_of(cfg))
     return [name for name, _ in violations(cfg, layout, K)]
 
 

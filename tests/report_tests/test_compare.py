@@ -7,6 +7,7 @@ from pathlib import Path
 
 from helpers_report import EXTERNAL
 
+from autotune.frameworks import get_framework
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.report import compare
@@ -17,7 +18,7 @@ from autotune.scaling import sweep
 def test_compare_tune_and_scale_folders(report_dir: Path, tmp_path: Path) -> None:
     scale_dir = tmp_path / "a100-scale"
     cfg = load_config("llama3-8b", "dgx-a100:1")
-    layout = Layout.parse("tp=2,zero=1,recompute=selective", 8, 512, "megatron")
+    layout = Layout.parse("tp=2,zero=1,recompute=selective", 8, 512, get_framework("megatron"))
     sweep(cfg, layout, [8, 16, 32], "weak", SimulateRunner(), scale_dir)
     written = compare([report_dir, scale_dir], tmp_path / "cmp")
     md = written["compare.md"].read_text()

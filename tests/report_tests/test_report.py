@@ -11,6 +11,7 @@ import pytest
 from helpers_report import EXTERNAL
 
 from autotune.exceptions import AutotuneError
+from autotune.frameworks import get_framework
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.report import load_run
@@ -93,7 +94,7 @@ def test_moved_folder_still_reports(study_dir: Path, tmp_path: Path) -> None:
 
 def test_scale_only_folder(tmp_path: Path) -> None:
     cfg = load_config("llama3-8b", "dgx-h100:1")
-    layout = Layout.parse("tp=2,zero=1,recompute=selective", 8, 512, "megatron")
+    layout = Layout.parse("tp=2,zero=1,recompute=selective", 8, 512, get_framework("megatron"))
     sweep(cfg, layout, [2, 4, 8, 16], "weak", SimulateRunner(), tmp_path)
     written = write_report(tmp_path)
     summary = json.loads(written["summary.json"].read_text())
@@ -134,7 +135,7 @@ def test_study_where_nothing_ran_ok(tmp_path: Path) -> None:
     write_run_json(tmp_path, study_name="all-oom", storage=storage, runner="simulate")
     tune(cfg, load_space(None, "megatron"), _AlwaysOOM(),
          TuneOptions(out_dir=tmp_path, trials=3, storage=storage, study_name="all-oom"))
-    layout = Layout.parse("tp=2,zero=1", 8, 512, "megatron")
+    layout = Layout.parse("tp=2,zero=1", 8, 512, get_framework("megatron"))
     sweep(cfg, layout, [8, 16], "weak", _AlwaysOOM(), tmp_path)
     written = write_report(tmp_path)
     summary = json.loads(written["summary.json"].read_text())

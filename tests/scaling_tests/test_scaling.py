@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.exceptions import AutotuneError
+from autotune.frameworks import get_framework
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.runners.base import Measurement
@@ -37,7 +38,7 @@ def cfg8b():
 @pytest.fixture
 def layout8b(cfg8b) -> Layout:
     return Layout.parse("tp=2,zero=1,mbs=1,recompute=selective", cfg8b.world_size,
-                        cfg8b.train.global_batch_size, "megatron")
+                        cfg8b.train.global_batch_size, get_framework("megatron"))
 
 
 class Scripted(Runner):
@@ -107,7 +108,7 @@ def test_weak_keeps_per_replica_batch(cfg8b, layout8b, tmp_path: Path) -> None:
 
 def test_strong_keeps_global_batch_and_skips_indivisible(tmp_path: Path) -> None:
     cfg = load_config("llama3-8b", "dgx-h100:1", global_batch_size=96)
-    layout = Layout.parse("tp=2,zero=1", cfg.world_size, 96, "megatron")
+    layout = Layout.parse("tp=2,zero=1", cfg.world_size, 96, get_framework("megatron"))
     result = sweep(cfg, layout, [4, 8, 16, 128], "strong", Scripted({}), tmp_path)
     by_size = {p.gpus: p for p in result.points}
     assert by_size[8].global_batch_size == 96 and by_size[8].gas == 24
@@ -141,7 +142,7 @@ def test_efficiency_flags_and_base_is_smallest_that_ran(cfg8b, layout8b,
 def test_rule_violations_are_recorded_not_run(tmp_path: Path) -> None:
     cfg = load_config("llama3-70b", "dgx-h100:16")
     layout = Layout.parse("tp=4,cp=2,zero=2", cfg.world_size, cfg.train.global_batch_size,
-                          "megatron")
+                          get_framework("megatron"))
     runner = Scripted({})
     result = sweep(cfg, layout, [8, 128], "strong", runner, tmp_path)
     small = result.points[0]
@@ -154,7 +155,7 @@ def test_simulated_1_to_128_nodes_names_the_dp_reduce(tmp_path: Path) -> None:
     """The 70B winner's strong sweep loses efficiency to the data-parallel reduce."""
     cfg = load_config("llama3-70b", "dgx-h100:16")
     layout = Layout.parse("tp=4,cp=2,zero=2", cfg.world_size, cfg.train.global_batch_size,
-                          "megatron")
+                          get_framework("megatron"))
     result = sweep(cfg, layout, NODES_1_TO_128, "strong", SimulateRunner(), tmp_path)
     ran = [p for p in result.points if p.ok]
     # the base is the smallest size that fits; the smaller ones are infeasible (memory)
@@ -201,5 +202,5 @@ def test_bad_arguments(cfg8b, layout8b, tmp_path: Path) -> None:
 def test_default_sizes(cfg8b, layout8b) -> None:
     assert default_sizes(cfg8b, layout8b) == [2, 4, 8]
     cfg = load_config("llama3-70b", "dgx-h100:16")
-    layout = Layout.parse("tp=4,cp=2", cfg.world_size, 512, "megatron")
+    layout = Layout.parse("tp=4,cp=2", cfg.world_size, 512, get_framework("megatron"))
     assert default_sizes(cfg, layout) == [8, 16, 32, 64, 128]
