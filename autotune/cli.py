@@ -368,6 +368,7 @@ def space(
     ]
     if as_json:
         print(json.dumps({
+            "model": _model_summary(cfg),
             "inputs": cfg.model_dump(), "space": search_space.model_dump(),
             "candidates": result.total, "feasible": len(result), "removed": result.removed,
             "top": [e.to_dict() for e in best],
@@ -376,6 +377,12 @@ def space(
     console.print(_headline(cfg))
     console.print(_rules_table(result.removed, result.total))
     console.print(_layout_table(f"Top {len(best)} of {len(result):,} feasible layouts", best))
+
+
+def _model_summary(cfg: AutotuneConfig) -> dict[str, Any]:
+    """The model's name and parameters: all of them, and those one token uses (MoE)."""
+    return {"name": cfg.model.name, "params": cfg.model.num_params(),
+            "active_params": cfg.model.active_params()}
 
 
 @app.command()
@@ -400,6 +407,7 @@ def estimate(
     result = estimate_layout(cfg, parsed)
     if as_json:
         print(json.dumps({
+            "model": _model_summary(cfg),
             **result.to_dict(),
             "feasible": not broken,
             "violations": [{"rule": n, "reason": r} for n, r in broken],

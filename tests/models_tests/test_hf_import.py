@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers_models import HF_CONFIGS
 from helpers_models import hf_model
+from helpers_models import hf_param_count
 from helpers_models import published
 from helpers_models import spec
 
@@ -137,3 +139,17 @@ def test_load_model_reads_config_json(tmp_path: Path) -> None:
     assert model.rope_scaling is not None
     assert (model.rope_scaling.type, model.rope_scaling.factor) == ("llama3", 8.0)
     assert model.num_params() == sum(p.numel() for p in hf_model(config).parameters())
+
+
+def test_json_outputs_name_total_and_active_parameters(capsys: pytest.CaptureFixture[str]) -> None:
+    """Oracle: transformers' Mixtral-8x7B (meta device) for the total; a hand count of what one
+    token uses: 2 of 8 experts per layer, so total − 32 layers · 6 unused experts · 3 · 4096 ·
+    14336 = 12,879,925,248 (Jiang et al. 2024: 12.9 B active)."""
+    path = HF_CONFIGS / "mistralai--Mixtral-8x7B-v0.1.json"
+    for command in (["estimate", "-l", "tp=8,pp=4"], ["space", "--top", "1"]):
+        code = _run(app, [command[0], "-m", str(path), "-c", "dgx-h100:8", *command[1:], "--json"])
+        assert code == 0, capsys.readouterr().err
+        model = json.loads(capsys.readouterr().out)["model"]
+        total = hf_param_count(published("mistralai/Mixtral-8x7B-v0.1"))
+        assert model["params"] == total
+        assert model["active_params"] == total - 32 * 6 * 3 * 4096 * 14336 == 12_879_925_248
