@@ -317,8 +317,11 @@ class SlurmRunner(Runner):
 
     def environment(self) -> dict[str, str]:
         """The environment sbatch passes on to the job: this one, plus the package's folder on
-        PYTHONPATH (a source checkout), unbuffered output and `env`."""
-        extra = {"PYTHONUNBUFFERED": "1"}
+        PYTHONPATH (a source checkout), this interpreter's folder first on PATH (the launch
+        script of a checkout runs torchrun), unbuffered output and `env`."""
+        extra = {"PYTHONUNBUFFERED": "1",
+                 "PATH": os.pathsep.join((str(Path(self.python).parent),
+                                          os.environ.get("PATH", "")))}
         root = package_root()
         if root is not None:
             extra["PYTHONPATH"] = os.pathsep.join(

@@ -4,7 +4,6 @@ whose pretrain_gpt.py prints lines built with Megatron-LM's own format strings."
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -74,61 +73,11 @@ def test_measured_skips_warmup() -> None:
     assert set(figures["peak_memory_by_rank"]) == {0, 1}
 
 
-FAKE_PRETRAIN = """
-import os, sys, time
-from datetime import datetime
-
-rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-args = sys.argv[1:]
-
-def last(flag, default):
-    values = [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
-    return values[-1] if values else default
-
-iters, gbs = int(last("--train-iters", "10")), int(last("--global-batch-size", "8"))
-for iteration in range(1, iters + 1):
-    time.sleep(0.05)
-    if os.environ.get("FAKE_NAN") and iteration == 3:
-        raise RuntimeError(
-            f"Rank {rank}: found NaN in local grad norm for bucket #0 in backward pass before "
-            "data-parallel communication collective. Device: 0, node: localhost")
-    if rank == world - 1:
-        log_string = f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}]"
-        log_string += ' iteration {:8d}/{:8d} |'.format(iteration, iters)
-        log_string += ' consumed samples: {:12d} |'.format(iteration * gbs)
-        log_string += ' elapsed time per iteration (ms): {:.1f} |'.format(100.0 + iteration)
-        log_string += f' throughput per GPU (TFLOP/s/GPU): {0.5:.1f} |'
-        log_string += f' learning rate: {1e-4:.6E} |'
-        log_string += f' global batch size: {gbs:5d} |'
-        log_string += ' {}: {:.6E} |'.format('lm loss', 9.2)
-        log_string += f' loss scale: {1.0:.1f} |'
-        log_string += ' number of skipped iterations: {:3d} |'.format(0)
-        log_string += ' number of nan iterations: {:3d} |'.format(0)
-        print(log_string, flush=True)
-    if iteration == 1:
-        string = '(after 1 iterations)' + ' memory (MB)'
-        string += f" | allocated: {100.0 * (rank + 1):.2f}"
-        string += f" | max allocated: {200.0 * (rank + 1):.2f}"
-        string += f" | reserved: {300.0:.2f}"
-        string += f" | max reserved: {300.0:.2f}"
-        print("[Rank {}] {}".format(rank, string), flush=True)
-"""
-
-
-@pytest.fixture
-def megatron_lm(tmp_path: Path) -> Path:
-    """A stand-in Megatron-LM checkout: pretrain_gpt.py prints real-format log lines."""
-    checkout = tmp_path / "Megatron-LM"
-    checkout.mkdir()
-    (checkout / "pretrain_gpt.py").write_text(textwrap.dedent(FAKE_PRETRAIN))
-    return checkout
-
-
 @pytest.mark.slow
-def test_local_runner_runs_rendered_pretrain_gpt(tmp_path: Path, megatron_lm: Path) -> None:
+def test_local_runner_runs_rendered_pretrain_gpt(tmp_path: Path, fake_megatron_lm: Path) -> None:
     cfg = tiny_config("megatron")
     layout, folder = Layout(dp=2, mbs=4, gas=1), tmp_path / "trial"
-    runner = LocalRunner(steps=5, warmup=2, megatron_lm=megatron_lm, hang_timeout_s=60)
+    runner = LocalRunner(steps=5, warmup=2, megatron_lm=fake_megatron_lm, hang_timeout_s=60)
 
     m = run_trial(runner, cfg, layout, folder).measurement
 
@@ -138,14 +87,14 @@ def test_local_runner_runs_rendered_pretrain_gpt(tmp_path: Path, megatron_lm: Pa
     assert m.peak_memory_bytes == pytest.approx(400.0 * MIB)  # rank 1's max allocated
     assert m.extra["framework_tflops_per_gpu"] == 0.5
     command = (folder / "command.sh").read_text()
-    assert "pretrain_gpt.sh" in command and f"MEGATRON_LM={megatron_lm}" in command
+    assert "pretrain_gpt.sh" in command and f"MEGATRON_LM={fake_megatron_lm}" in command
     steps = [
         json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
     ]
     assert [s["step"] for s in steps if s["event"] == "step"] == [1, 2, 3, 4, 5]
     assert steps[-1]["event"] == "result" and steps[-1]["status"] == "ok"
 
-    nan = LocalRunner(steps=5, warmup=2, megatron_lm=megatron_lm, env={"FAKE_NAN": "1"})
+    nan = LocalRunner(steps=5, warmup=2, megatron_lm=fake_megatron_lm, env={"FAKE_NAN": "1"})
     failed = run_trial(nan, cfg, layout, tmp_path / "nan").measurement
     assert failed.status == "nan" and "found NaN" in failed.reason
     assert leftovers(tmp_path) == []
