@@ -366,17 +366,28 @@ class _Job:
     """Step records seen in metrics.jsonl."""
     summaries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """Summary records seen in metrics.jsonl."""
+    restart: int = 0
+    """Slurm's restart count of the run being read (the job script's job_start record)."""
     metrics: _Metrics | None = None
 
     def read(self) -> int:
-        """Take in the new records of metrics.jsonl; returns how many measured steps came."""
+        """Take in the new records of metrics.jsonl; returns how many measured steps came.
+
+        A requeued job runs its script again from the start: the records of its earlier runs
+        no longer count once the next run's job_start record comes."""
         if self.metrics is None:
             self.metrics = _Metrics(self.directory / "metrics.jsonl")
         measured = 0
         for record in self.metrics.records():
-            if record.get("event") == "summary":
+            event = record.get("event")
+            if event == "job_start" and int(record.get("restart") or 0) > self.restart:
+                self.restart = int(record["restart"])
+                self.steps.clear()
+                self.summaries.clear()
+                self.last_step = None
+            elif event == "summary":
                 self.summaries.append(record)
-            elif record.get("event") == "step" and record.get("step_time_s"):
+            elif event == "step" and record.get("step_time_s"):
                 self.last_step = time.monotonic()
                 self.steps.append(record)
                 measured += not record.get("warmup")
