@@ -64,6 +64,8 @@ LIVE_STATES = frozenset({
     "POWER_UP_NODE",
 })
 """Job states that are not final yet."""
+WAITING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+"""Live states of a job that is not running: queued, or requeued and queued again."""
 RETRIED_STATES = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
 """Ends that say nothing about the layout: the trial is submitted again (up to `retries`)."""
 _UNSATISFIABLE = re.compile(r"node configuration is not available|Node count specification "
@@ -658,6 +660,8 @@ class SlurmRunner(Runner):
                 return job_info(job.job_id) or info
             if info.state == "RUNNING" and job.started_at is None:
                 job.started_at = now
+            elif info.state in WAITING_STATES:  # e.g. requeued: limits count from its next start
+                job.started_at = job.last_step = None
             self._check_limits(job, now)
             if job.cancelled_for and now - job.cancelled_at > 120:
                 log.warning("job %s still %s two minutes after scancel", job.job_id, job.state)
