@@ -32,7 +32,7 @@
 # clusters; with Slurm's default (NO) it would wait in the queue for ever (PartitionConfig).
 #
 # Idempotent: running daemons with an unchanged configuration are reused; a changed one (e.g.
-# an older version of this script) is restarted. Exit codes: 3 not root (packages missing),
+# an older version of this script) is restarted; concurrent starts wait for each other. Exit codes: 3 not root (packages missing),
 # 4 apt-get failed.
 set -euo pipefail
 
@@ -85,8 +85,8 @@ install() {
     log "${PACKAGES[*]} are missing and installing them needs root"; exit 3
   fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >&2 \
-    || { apt-get update -q >&2 && apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" >&2; } \
+  local get=(apt-get install -y -q --no-install-recommends "${PACKAGES[@]}")
+  "${get[@]}" >&2 || { apt-get update -q >&2 && "${get[@]}" >&2; } \
     || { log "apt-get could not install ${PACKAGES[*]}"; exit 4; }
 }
 
@@ -100,7 +100,7 @@ start_munge() {
     chown munge:munge /etc/munge/munge.key
     chmod 0400 /etc/munge/munge.key
   fi
-  runuser -u munge -- /usr/sbin/munged
+  runuser -u munge -- /usr/sbin/munged 9>&-
   munge_works() { munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; }
   wait_for 50 munge_works || { log "munged did not start"; exit 1; }
 }
@@ -123,7 +123,7 @@ start_mariadb() {  # a private server: its own folder, socket and port (root log
     --socket="$DB_SOCKET" --port="$DB_PORT" --bind-address=127.0.0.1 \
     --pid-file="$DB_DIR/mariadb.pid" --log-error="$DB_DIR/mariadb.log" --skip-log-bin \
     --innodb-buffer-pool-size=64M --innodb-lock-wait-timeout=900 \
-    --innodb-flush-log-at-trx-commit=0 </dev/null >/dev/null 2>&1 &
+    --innodb-flush-log-at-trx-commit=0 </dev/null >/dev/null 2>&1 9>&- &
   wait_for 300 db_alive || { log "MariaDB did not start; see $DB_DIR/mariadb.log"; exit 1; }
 }
 
@@ -204,6 +204,9 @@ fail() {
 }
 
 start() {
+  mkdir -p "$DIR"
+  exec 9>"$DIR/lock"  # one start at a time (test sessions may start together); daemons: 9>&-
+  flock -w 300 9 || { log "another start holds $DIR/lock"; exit 1; }
   install
   start_munge
   write_conf
@@ -220,12 +223,12 @@ start() {
   # a clean start: job ids restart at 1, so the accounting of earlier runs goes too
   db "DROP DATABASE IF EXISTS slurm_acct_db; CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1';
       GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
-  slurmdbd
+  slurmdbd 9>&-
   dbd_answers() { sacctmgr -n list cluster >/dev/null 2>&1; }
   wait_for 300 dbd_answers || fail "slurmdbd did not answer"
   sacctmgr -i add cluster "$CLUSTER" >/dev/null
-  slurmctld -c -f "$CONF"
-  slurmd -f "$CONF"
+  slurmctld -c -f "$CONF" 9>&-
+  slurmd -f "$CONF" 9>&-
   if wait_for 200 ready; then echo "export SLURM_CONF=$CONF"; return; fi
   scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 || true
   if wait_for 50 ready; then echo "export SLURM_CONF=$CONF"; return; fi
