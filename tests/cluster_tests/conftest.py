@@ -2,16 +2,25 @@
 
 Each fixture runs its script in tests/services/ once per session (the scripts install the Debian
 packages when missing and reuse running daemons), and skips only when that is impossible here:
-not root, or apt cannot install the packages.
+not root, or apt cannot install the packages. The Slurm trial that waits for Slurm's time limit
+(1 minute at least) runs in the background from the first Slurm test on.
 """
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import Future
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers_cluster import first_layout
+from helpers_cluster import tiny_config
+from helpers_cluster import trial_plan
+
+from autotune.runners.base import Measurement
+from autotune.runners.slurm import SlurmRunner
 
 SERVICES = Path(__file__).resolve().parents[1] / "services"
 CANNOT = {3: "installing the packages needs root", 4: "apt-get could not install the packages"}
@@ -35,7 +44,8 @@ def start_service(script: str) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def slurm() -> Iterator[str]:
-    """A running one-node Slurm (2 CPUs, no GPUs); SLURM_CONF is set for the session."""
+    """A running one-node Slurm with accounting (2 CPUs, no GPUs); SLURM_CONF is set for the
+    session."""
     conf = start_service("slurm.sh")["SLURM_CONF"]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SLURM_CONF", conf)
@@ -46,3 +56,18 @@ def slurm() -> Iterator[str]:
 def postgres_url() -> str:
     """The URL of a running PostgreSQL database for tests (role and database `autotune`)."""
     return start_service("postgres.sh")["AUTOTUNE_TEST_POSTGRES"]
+
+
+@pytest.fixture(scope="session")
+def time_limit_trial(slurm: str, tmp_path_factory: pytest.TempPathFactory
+                     ) -> Iterator[Future[Measurement]]:
+    """A 1-process trial that hangs at step 2 under `--time=1`, in the background: slurmctld
+    checks time limits every 30 s, so Slurm ends it 60 to 90 s after its start."""
+    cfg = tiny_config(processes=1)
+    runner = SlurmRunner(time_limit="1", poll_s=1.0, steps=50, warmup=1,
+                         extra_args=("--inject", "hang"), hang_timeout_s=900)
+    plan = trial_plan(cfg, first_layout(cfg, "tp=1,pp=1,zero=0,mbs=4"),
+                      tmp_path_factory.mktemp("time-limit"))
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(runner.run, plan)
+        runner.cleanup()
