@@ -2,25 +2,20 @@
 
 Each fixture runs its script in tests/services/ once per session (the scripts install the Debian
 packages when missing and reuse running daemons), and skips only when that is impossible here:
-not root, or apt cannot install the packages. The Slurm trial that waits for Slurm's time limit
-(1 minute at least) runs in the background from the first Slurm test on.
+not root, or apt cannot install the packages. The trials that test_slurm_outcomes.py checks run
+side by side in the background (`slurm_ends`).
 """
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
-from concurrent.futures import Future
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers_cluster import first_layout
-from helpers_cluster import tiny_config
-from helpers_cluster import trial_plan
-
-from autotune.runners.base import Measurement
-from autotune.runners.slurm import SlurmRunner
+from helpers_slurm_ends import EARLY
+from helpers_slurm_ends import Batch
 
 SERVICES = Path(__file__).resolve().parents[1] / "services"
 CANNOT = {3: "installing the packages needs root", 4: "apt-get could not install the packages"}
@@ -59,15 +54,20 @@ def postgres_url() -> str:
 
 
 @pytest.fixture(scope="session")
-def time_limit_trial(slurm: str, tmp_path_factory: pytest.TempPathFactory
-                     ) -> Iterator[Future[Measurement]]:
-    """A 1-process trial that hangs at step 2 under `--time=1`, in the background: slurmctld
-    checks time limits every 30 s, so Slurm ends it 60 to 90 s after its start."""
-    cfg = tiny_config(processes=1)
-    runner = SlurmRunner(time_limit="1", poll_s=1.0, steps=50, warmup=1,
-                         extra_args=("--inject", "hang"), hang_timeout_s=900)
-    plan = trial_plan(cfg, first_layout(cfg, "tp=1,pp=1,zero=0,mbs=4"),
-                      tmp_path_factory.mktemp("time-limit"))
-    with ThreadPoolExecutor(1) as pool:
-        yield pool.submit(runner.run, plan)
-        runner.cleanup()
+def slurm_ends(slurm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Batch]:
+    """The trials of helpers_slurm_ends, in folders whose names hold a space, a quote and a
+    command substitution; the first test of test_slurm_outcomes.py starts them all (those that
+    mostly wait start with the session)."""
+    root = tmp_path_factory.mktemp("ends") / "it's a $(touch pwned) folder"
+    with ThreadPoolExecutor(32) as pool:
+        batch = Batch(pool, root)
+        yield batch
+        batch.cleanup()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _waiting_trials_started(request: pytest.FixtureRequest) -> None:
+    """Start the trials that mostly wait (helpers_slurm_ends.EARLY) with the session, when it
+    collected a test that checks them."""
+    if any("slurm_ends" in item.fixturenames for item in request.session.items):
+        request.getfixturevalue("slurm_ends").start(EARLY)

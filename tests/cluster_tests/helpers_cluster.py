@@ -33,6 +33,8 @@ SPACE = SearchSpace(
     sp=[False],
 )
 """Four data-parallel layouts (ZeRO 0/1 × micro batch 1/2) that train fast on 2 CPU processes."""
+ONE = "tp=1,pp=1,zero=0,mbs=4"
+"""The tiny problem on one process: micro-batch 4 = the global batch."""
 
 
 def tiny_config(processes: int = 2) -> AutotuneConfig:

@@ -1,9 +1,7 @@
 """The slurm runner on a real one-node Slurm (tests/services/slurm.sh): a study of real
 training jobs, the pruner's scancel, and a tuner that dies and is resumed.
 
-Slurm's records of each job (`sacct`) are the oracle. The time-limit trial
-(`conftest.time_limit_trial`) starts with this module's first test and is checked in
-test_slurm_outcomes.py, so Slurm's minute-granular limit overlaps the other tests.
+Slurm's records of each job (`sacct`) are the oracle.
 """
 
 from __future__ import annotations
@@ -15,11 +13,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers_cluster import ONE
 from helpers_cluster import SPACE
 from helpers_cluster import accounting
 from helpers_cluster import first_layout
@@ -39,12 +37,7 @@ from autotune.search import TuneOptions
 from autotune.search import tune
 
 HERE = Path(__file__).resolve().parent
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True)
-def _time_limit_started(time_limit_trial: Future) -> None:
-    """Start the time-limit trial (checked in test_slurm_outcomes.py) with the first test."""
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm")]
 
 
 def test_study_trains_layouts_on_slurm_two_at_a_time(tmp_path: Path,
@@ -80,7 +73,8 @@ def test_study_trains_layouts_on_slurm_two_at_a_time(tmp_path: Path,
     spans = sorted((j["Start"], j["End"]) for j in jobs)
     overlap = any(b[0] < a[1] for a, b in zip(spans, spans[1:], strict=False))
     assert overlap, f"--jobs 2 should keep two jobs in flight: {spans}"
-    assert any(len(ids) == 2 for ids in calls), f"no squeue call asked for two jobs: {calls}"
+    study_jobs = {j["JobID"] for j in jobs}
+    assert any(len(study_jobs.intersection(ids)) >= 2 for ids in calls), "one squeue per job"
     folder = Path(ran[0]["trial_dir"])
     for name in ("trial.sbatch", JOB_FILE, "metrics.jsonl", f"slurm-{ran[0]['slurm_job_id']}.out"):
         assert (folder / name).exists(), name
@@ -89,14 +83,14 @@ def test_study_trains_layouts_on_slurm_two_at_a_time(tmp_path: Path,
 def test_pruner_cancels_the_job(tmp_path: Path) -> None:
     """The pruner says stop at the first measured step. Oracle: sacct's CANCELLED, squeue's
     list, and the processes left on the machine (none of the trial's after scancel)."""
-    cfg = tiny_config()
+    cfg = tiny_config(processes=1)
     reported: list[tuple[int, float]] = []
 
     def report(step: int, rate: float) -> bool:
         reported.append((step, rate))
         return True  # the pruner says stop at the first measured step
 
-    plan = trial_plan(cfg, first_layout(cfg), tmp_path / "a folder's name", report=report)
+    plan = trial_plan(cfg, first_layout(cfg, ONE), tmp_path / "a folder's name", report=report)
     measurement = SlurmRunner(poll_s=0.5, steps=400, warmup=1).run(plan)
     job_id = measurement.extra["slurm_job_id"]
     assert measurement.status == "pruned", measurement.reason
@@ -111,9 +105,9 @@ def test_pruner_cancels_the_job(tmp_path: Path) -> None:
 
 
 def _killed_tuner(out: Path, layout: str) -> subprocess.Popen:
-    """A tuner process (slurm_trial_driver.py) that submits one 4-step trial."""
+    """A tuner process (slurm_trial_driver.py) that submits one 4-step 1-process trial."""
     return subprocess.Popen([sys.executable, str(HERE / "slurm_trial_driver.py"), str(out),
-                             layout, "4"], cwd=HERE)
+                             layout, "4", "1"], cwd=HERE)
 
 
 def test_a_resumed_tuner_reattaches_to_the_running_jobs(tmp_path: Path) -> None:
@@ -122,8 +116,8 @@ def test_a_resumed_tuner_reattaches_to_the_running_jobs(tmp_path: Path) -> None:
     inherits the other job's id (user attribute `slurm_job_id`). Oracle: squeue lists both jobs
     after the kills, each follower reports the job it was handed, and nothing is submitted
     again (no slurm_job.json in the new trial folders)."""
-    cfg = tiny_config()
-    texts = {"resume": "tp=1,pp=1,zero=0,mbs=2", "inherit": "tp=1,pp=1,zero=1,mbs=1"}
+    cfg = tiny_config(processes=1)
+    texts = {"resume": ONE, "inherit": "tp=1,pp=1,zero=1,mbs=2"}
     layouts = {name: first_layout(cfg, text) for name, text in texts.items()}
     drivers = {name: _killed_tuner(tmp_path / name, text) for name, text in texts.items()}
     first = {name: tmp_path / name / "trials" / f"0000-{layouts[name].id}" for name in texts}
