@@ -107,10 +107,11 @@ def test_the_runner_cancels_at_its_limits(slurm_ends: Batch, name: str, status: 
 def test_a_job_past_its_deadline_is_a_timeout(slurm_ends: Batch) -> None:
     """`--deadline now+60` with a 35-minute time limit (the runner's default) cannot be met.
     Oracle: Slurm ends the pending job DEADLINE (sacct) before its script ever ran (no
-    metrics.jsonl, which the script's first line writes)."""
+    metrics.jsonl, which the script's first line writes) on no node (sacct: `None assigned`)."""
     end = slurm_ends.end("deadline")
     assert end.measurement.status == "timeout"
     assert end.measurement.reason == "reached its Slurm deadline; Slurm state DEADLINE"
+    assert end.measurement.extra["slurm_nodes"] == ""
     assert end.accounted()["State"] == "DEADLINE"
     assert not (end.plan.directory / "metrics.jsonl").exists(), "the job ran"
 
