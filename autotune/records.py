@@ -179,8 +179,10 @@ class TrialRecords:
         self.cfg, self.warmup, self.log, self.metrics = cfg, warmup, log, metrics
         self.steps: list[dict[str, Any]] = []
         self.summaries: list[dict[str, Any]] = []
-        self.starts = 0
-        """`job_start` records seen (a requeued Slurm job starts again)."""
+        self.restart = 0
+        """Slurm's restart count of the run being read (a Slurm job script's `job_start`
+        record): a requeued job runs its program again, and the records of its earlier runs
+        no longer count once the next run starts."""
 
     def feed(self, line: str) -> dict[str, Any] | None:
         """Take in one line; returns the step record it carried, if any."""
@@ -194,8 +196,10 @@ class TrialRecords:
             elif event == "step" and record.get("step_time_s"):
                 self.steps.append(record)
                 step = record
-            elif event == "job_start":
-                self.starts += 1
+            elif event == "job_start" and int(record.get("restart") or 0) > self.restart:
+                self.restart = int(record["restart"])
+                self.steps.clear()
+                self.summaries.clear()
         return step
 
     def is_step(self, line: str) -> bool:

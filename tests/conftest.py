@@ -1,8 +1,11 @@
-"""Shared test setup: a fixed DeepSpeed op cache so JIT builds happen once per machine."""
+"""Shared test setup: a fixed DeepSpeed op cache so JIT builds happen once per machine, the
+shellcheck command, megatron-core's parallel state on gloo, and a stand-in Megatron-LM
+checkout."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import textwrap
 from collections.abc import Iterator
@@ -85,3 +88,15 @@ def fake_megatron_lm(tmp_path: Path) -> Path:
     checkout.mkdir()
     (checkout / "pretrain_gpt.py").write_text(textwrap.dedent(FAKE_PRETRAIN))
     return checkout
+@pytest.fixture
+def shellcheck() -> str:
+    """The shellcheck command. CI installs it (.ci/run), so there a missing one fails the test;
+    elsewhere (the CI variable unset) the test is skipped, saying so."""
+    path = shutil.which("shellcheck")
+    if path is None and os.environ.get("CI"):
+        pytest.fail("shellcheck is not installed; CI lints the rendered scripts with it "
+                    "(.ci/run installs the Debian package shellcheck)")
+    if path is None:
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck); outside CI the "
+                    "lint is skipped, in CI (CI set) it fails")
+    return path

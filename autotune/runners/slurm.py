@@ -76,6 +76,8 @@ log = logging.getLogger(__name__)
 
 JOB_FILE = "slurm_job.json"
 """Per trial folder: the job id and what it was submitted for (read back by --resume)."""
+WAITING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+"""Live states of a job that is not running: queued, or requeued and queued again."""
 RETRIED_STATES = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
 """Ends that say nothing about the layout: the trial is submitted again (up to `retries`)."""
 _UNSATISFIABLE = re.compile(r"node configuration is not available|Node count specification "
@@ -445,6 +447,8 @@ class SlurmRunner(Runner):
                 return job_info(job.job_id) or info
             if info.state == "RUNNING" and job.started_at is None:
                 job.started_at = now
+            elif info.state in WAITING_STATES:  # e.g. requeued: limits count from its next start
+                job.started_at = job.last_step = None
             self._check_limits(job, now)
             if job.cancelled_for and now - job.cancelled_at > 120:
                 log.warning("job %s still %s two minutes after scancel", job.job_id, job.state)

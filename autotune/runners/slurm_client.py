@@ -107,6 +107,11 @@ def _reason(text: str) -> str:
     return "" if text in ("None", "(null)") else text
 
 
+def _nodes(text: str) -> str:
+    """A node list; "" for Slurm's words for none (scontrol `(null)`, sacct `None assigned`)."""
+    return "" if text in ("(null)", "None assigned") else text
+
+
 def _exit_code(text: str) -> int | None:
     """`N:S` (exit status : signal) as one int, negative for a signal."""
     status, _, sig = text.partition(":")
@@ -134,14 +139,14 @@ def job_info(job_id: str) -> JobInfo | None:
         fields = _scontrol_fields(done.stdout)
         return JobInfo(job_id, fields.get("JobState", ""), _reason(fields.get("Reason", "")),
                        _exit_code(fields.get("ExitCode", "")), fields.get("JobName", ""),
-                       fields.get("WorkDir", ""), fields.get("NodeList", ""))
+                       fields.get("WorkDir", ""), _nodes(fields.get("NodeList", "")))
     done = _slurm(["sacct", "-X", "-n", "-P", "-j", job_id,
                    "-o", "JobID,State,ExitCode,JobName,WorkDir,NodeList"])
     for line in done.stdout.splitlines() if done.returncode == 0 else []:
         parts = line.split("|")
         if len(parts) == 6 and parts[0] == job_id:
             return JobInfo(job_id, parts[1].split()[0], "", _exit_code(parts[2]), parts[3],
-                           parts[4], parts[5])
+                           parts[4], _nodes(parts[5]))
     return None
 
 

@@ -1,6 +1,6 @@
 """Run one slurm-runner trial in this process, to be killed by the test (a tuner that dies).
 
-    python slurm_trial_driver.py OUT LAYOUT_TEXT STEPS
+    python slurm_trial_driver.py OUT LAYOUT_TEXT STEPS PROCESSES
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from autotune.runners.slurm import SlurmRunner
 
 
 def main(argv: list[str]) -> int:
-    out, text, steps = Path(argv[0]), argv[1], int(argv[2])
-    cfg = tiny_config()
+    out, text, steps, processes = Path(argv[0]), argv[1], int(argv[2]), int(argv[3])
+    cfg = tiny_config(processes=processes)
     runner = SlurmRunner(poll_s=0.5, steps=steps, warmup=1)
     runner.prepare()
     measurement = runner.run(trial_plan(cfg, first_layout(cfg, text), out, number=0))

@@ -2,7 +2,8 @@
 
 Two `tune` workers (subprocesses, study_worker.py) share one study and one output folder; worker
 B is killed with SIGKILL in the middle of a trial. The study must still end with every layout
-run exactly once: B's trial failed by the heartbeat and retried by A.
+run exactly once: B's trial failed by the heartbeat and retried by A. The PostgreSQL and the
+journal runs go side by side.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import optuna
@@ -61,14 +65,9 @@ def _ran_by(trial: FrozenTrial) -> str | None:
         return None
 
 
-@pytest.fixture(params=["postgresql", "journal"])
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgresql":
-        return request.getfixturevalue("postgres_url")
-    return f"journal:{tmp_path / 'study.journal'}"
-
-
-def test_two_workers_share_a_study_and_survive_a_killed_one(storage: str, tmp_path: Path) -> None:
+def _share(storage: str, tmp_path: Path) -> tuple[list[FrozenTrial], int]:
+    """Run A, add B once A finished a trial, kill B in its second trial, let A finish; returns
+    the study's trials and the number of the killed one."""
     study = f"shared-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "out"
     out.mkdir()
@@ -97,12 +96,32 @@ def test_two_workers_share_a_study_and_survive_a_killed_one(storage: str, tmp_pa
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    trials = _trials(storage, study)
+    return _trials(storage, study), killed
+
+
+@pytest.fixture(scope="module")
+def shared(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[dict[str, Future[tuple[list[FrozenTrial], int]]]]:
+    """Both storages' runs, side by side: their waits (the trials' sleeps, the heartbeat's
+    grace) overlap."""
+    storages = {"postgresql": request.getfixturevalue("postgres_url"),
+                "journal": f"journal:{tmp_path_factory.mktemp('journal') / 'study.journal'}"}
+    with ThreadPoolExecutor(len(storages)) as pool:
+        yield {name: pool.submit(_share, storage, tmp_path_factory.mktemp(name))
+               for name, storage in storages.items()}
+
+
+@pytest.mark.parametrize("storage", ["postgresql", "journal"])
+def test_two_workers_share_a_study_and_survive_a_killed_one(
+        shared: dict[str, Future[tuple[list[FrozenTrial], int]]], storage: str) -> None:
+    """Oracle: the study's own records in the storage (Optuna's trial states, layouts and retry
+    links) and the `worker` file each trial wrote; the space has exactly 8 layouts."""
+    trials, killed = shared[storage].result(timeout=600)
     ran = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("ran")]
     layouts = [t.user_attrs["layout_id"] for t in ran]
     by_worker = {w: sum(1 for t in ran if _ran_by(t) == w) for w in ("A", "B")}
     states = {s.name: sum(1 for t in trials if t.state == s) for s in TrialState}
-    print(f"\n{storage.split(':')[0]}: {len(trials)} trials {states}; ran {len(ran)} "
+    print(f"\n{storage}: {len(trials)} trials {states}; ran {len(ran)} "
           f"({len(set(layouts))} layouts) by worker {by_worker}; killed trial {killed}")
     assert len(layouts) == len(set(layouts)), f"a layout ran twice: {sorted(layouts)}"
     assert len(set(layouts)) == LAYOUTS, f"lost layouts: {LAYOUTS - len(set(layouts))}"

@@ -4,7 +4,7 @@ On CPU the megatron framework is refused before anything is submitted; a Megatro
 runs through the rendered pretrain_gpt.sh as an sbatch job (a stand-in checkout here, since the
 real pretrain_gpt.py needs CUDA: `fake_megatron_lm` prints Megatron-LM's own log format), and
 the built-in megatron-core program runs on a machine with an NVIDIA GPU (marked `gpu`).
-Oracles: Slurm's job states (squeue/scontrol), the exit-code contract of the CLI, and the log
+Oracles: Slurm's job states (squeue, sacct), the exit-code contract of the CLI, and the log
 lines the checkout printed.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers_cluster import accounting
 from helpers_cluster import first_layout
-from helpers_cluster import job_fields
 from helpers_cluster import queued_jobs
 
 from autotune.cli import _run
@@ -64,7 +64,7 @@ def test_checkout_trial_is_submitted_followed_and_measured(slurm: str, tmp_path:
     assert m.status == "ok", (m.reason, m.log_tail)
     assert m.step_time_s == pytest.approx(0.104)
     assert m.peak_memory_bytes == pytest.approx(400.0 * 2**20)  # rank 1's max allocated
-    assert job_fields(m.extra["slurm_job_id"])["JobState"] == "COMPLETED"
+    assert accounting(m.extra["slurm_job_id"])[-1]["State"] == "COMPLETED"
     assert "pretrain_gpt.sh" in (result.directory / "trial.sbatch").read_text()
 
 
@@ -79,7 +79,8 @@ def test_checkout_trial_is_pruned_and_failures_are_classified(
     pruned = run_trial(runner, cfg, layout, tmp_path / "pruned", stop_after=1).measurement
     assert pruned.status == "pruned", pruned.reason
     job_id = pruned.extra["slurm_job_id"]
-    assert job_id not in queued_jobs() and job_fields(job_id)["JobState"] == "CANCELLED"
+    assert job_id not in queued_jobs()
+    assert accounting(job_id)[-1]["State"].startswith("CANCELLED")
     nan = SlurmRunner(poll_s=0.5, steps=6, warmup=1, megatron_lm=fake_megatron_lm,
                       env={"FAKE_NAN": "1"})
     failed = run_trial(nan, cfg, layout, tmp_path / "nan").measurement

@@ -1,340 +1,180 @@
-"""The slurm runner without a cluster: job scripts, sizing, and how each Slurm end is classified.
+"""Every end a job can really have on the localhost Slurm, through the real SlurmRunner.
 
-A fake `sbatch`/`squeue`/`scontrol`/`scancel` (the module's functions, patched) plays back a
-scripted life for every job, so every state Slurm can end in is covered in milliseconds.
+The trials (helpers_slurm_ends.py: one per end, each provoked for real) run side by side from
+the first Slurm test on (`conftest.slurm_ends`); each test checks one of them. The oracles are
+Slurm's own records of the job (`sacct`, kept by slurmdbd), torchrun's report of the worker's
+exit code in the job's log, and the workload's exit codes (`autotune.workloads.common.EXIT_CODES`,
+asserted by hand below).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-import shutil
-import stat
-import subprocess
-import threading
-import time
-from collections.abc import Callable
-from collections.abc import Sequence
-from pathlib import Path
+import re
+from datetime import datetime
 
 import pytest
-from helpers_cluster import first_layout
-from helpers_cluster import tiny_config
-from helpers_cluster import trial_plan
+from helpers_cluster import accounting
+from helpers_cluster import queued_jobs
+from helpers_cluster import records_of
+from helpers_cluster import slurmctld_knows
+from helpers_slurm_ends import Batch
 
-import autotune.runners.slurm as slurm
-import autotune.runners.slurm_client as slurm_client
-from autotune.exceptions import AutotuneError
-from autotune.frameworks import get_framework
-from autotune.inputs import load_config
-from autotune.layout import Layout
-from autotune.runners.base import Measurement
-from autotune.runners.base import TrialPlan
-from autotune.runners.slurm import JOB_FILE
-from autotune.runners.slurm import SlurmRunner
-from autotune.runners.slurm import trial_sbatch_script
-from autotune.runners.slurm_client import JobInfo
-from autotune.runners.slurm_client import parse_slurm_opts
-from autotune.runners.slurm_client import sbatch_directives
+from autotune.records import EXIT_CODES
+from autotune.runners.slurm import JobInfo
 
-STEP = {"event": "step", "step_time_s": 0.5, "tokens": 256, "tokens_per_s": 512.0,
-        "peak_memory_bytes": 1e8}
-SUMMARY = {"event": "summary", "status": "ok", "median_step_time_s": 0.5}
-REAL_SLEEP = time.sleep
+pytestmark = pytest.mark.slow
 
 
-class FakeSlurm:
-    """Jobs that live `polls` squeue calls (RUNNING), writing `records` to metrics.jsonl, then end
-    in `ends[i]` (one per submission); an scancel ends a job CANCELLED at the next call."""
-
-    def __init__(self, ends: Sequence[str], records: Sequence[dict] = (), exit_code: int = 0,
-                 log: str = "", polls: int = 3) -> None:
-        self.ends, self.records, self.exit_code, self.log = list(ends), records, exit_code, log
-        self.polls = polls
-        self.jobs: dict[str, dict] = {}
-        self.cancelled: list[str] = []
-        self.squeue_calls = 0
-        self.lock = threading.Lock()
-
-    def submit(self, script: Path, env: object = None) -> str:
-        with self.lock:
-            job_id = str(100 + len(self.jobs))
-            end = self.ends[min(len(self.jobs), len(self.ends) - 1)]
-            self.jobs[job_id] = {"dir": script.parent, "left": self.polls, "end": end}
-        return job_id
-
-    def queue_states(self, ids: Sequence[str]) -> dict[str, JobInfo]:
-        with self.lock:
-            self.squeue_calls += 1
-            found = {}
-            for job_id in ids:
-                job = self.jobs[job_id]
-                if job["left"] > 0 and job_id not in self.cancelled:
-                    job["left"] -= 1
-                    if job["left"] == self.polls - 1:  # the job starts: it writes its records
-                        self._write(job_id, job)
-                    found[job_id] = JobInfo(job_id, "RUNNING", name="x", nodes="n1")
-                else:
-                    found[job_id] = self._final(job_id)
-            return found
-
-    def _write(self, job_id: str, job: dict) -> None:
-        with (job["dir"] / "metrics.jsonl").open("a") as handle:
-            for record in self.records:
-                handle.write(json.dumps(record) + "\n")
-        (job["dir"] / f"slurm-{job_id}.out").write_text(self.log)
-
-    def _final(self, job_id: str) -> JobInfo:
-        state = "CANCELLED" if job_id in self.cancelled else self.jobs[job_id]["end"]
-        if state in ("COMPLETED", "FAILED"):
-            (self.jobs[job_id]["dir"] / "exit_code").write_text(f"{self.exit_code}\n")
-        return JobInfo(job_id, state, exit_code=self.exit_code, name="x", nodes="n1",
-                       work_dir=str(self.jobs[job_id]["dir"]))
-
-    def job_info(self, job_id: str) -> JobInfo:
-        with self.lock:
-            return self._final(job_id)
-
-    def cancel(self, job_id: str) -> None:
-        with self.lock:
-            self.cancelled.append(job_id)
+def _worker_exit_code(log: str) -> int:
+    """The worker's exit code as torchrun reports it (its 'Root Cause' block)."""
+    return int(re.search(r"exitcode\s*:\s*(-?\d+)", log).group(1))
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
-    cluster = FakeSlurm(["COMPLETED"])
-    for name in ("submit", "queue_states", "job_info", "cancel"):
-        monkeypatch.setattr(slurm, name, getattr(cluster, name))
-    monkeypatch.setattr(slurm_client, "queue_states", cluster.queue_states)  # the poller's
-    monkeypatch.setattr(slurm.time, "sleep", lambda s: None)  # polls back to back
-    return cluster
+def test_a_trial_that_trains_completes(slurm_ends: Batch) -> None:
+    """Oracle: sacct says COMPLETED with exit code 0:0 in the trial folder; the runner's figures
+    come from the steps the workload wrote (4); no file `pwned` was made by the shell."""
+    end = slurm_ends.end("ok")
+    assert end.measurement.status == "ok", end.measurement.reason
+    assert end.measurement.extra["slurm_state"] == "COMPLETED"
+    assert end.measurement.extra["steps_done"] == 4 and end.measurement.tokens_per_s > 0
+    record = end.accounted()
+    assert (record["State"], record["ExitCode"]) == ("COMPLETED", "0:0")
+    assert record["WorkDir"] == str(end.plan.directory)
+    root = end.plan.directory.parents[2]
+    assert "$(touch pwned)" in root.name and not list(root.parent.rglob("pwned")), "it ran"
 
 
-def _run(fake: FakeSlurm, tmp_path: Path, runner: SlurmRunner | None = None,
-         **plan_kw: object) -> Measurement:
-    cfg = tiny_config()
-    plan = trial_plan(cfg, first_layout(cfg), tmp_path, **plan_kw)
-    return (runner or SlurmRunner(poll_s=0.0, steps=4, warmup=1)).run(plan)
-
-
-@pytest.mark.parametrize(
-    ("end", "exit_code", "log", "records", "status", "words"),
-    [
-        ("TIMEOUT", 0, "", [], "timeout", "Slurm time limit"),
-        ("DEADLINE", 0, "", [], "timeout", "deadline"),
-        ("OUT_OF_MEMORY", 0, "", [], "oom", "out of memory"),
-        ("CANCELLED", 0, "", [], "crash", "outside autotune"),
-        ("NODE_FAIL", 0, "", [], "crash", "NODE_FAIL"),
-        ("FAILED", 4, "", [], "oom", "exited with code 4"),
-        ("FAILED", 1, "Watchdog caught collective operation timeout", [], "nccl_timeout",
-         "Watchdog"),
-        ("FAILED", 1, "RuntimeError: boom", [], "crash", "boom"),
-        ("FAILED", 3, "", [{**SUMMARY, "status": "nan"}], "nan", "nan"),
-        ("COMPLETED", 0, "", [STEP], "crash", "no summary"),
-        ("COMPLETED", 0, "", [{**STEP, "warmup": True}, STEP, STEP, SUMMARY], "ok", ""),
-    ],
-)
-def test_slurm_end_maps_to_status(fake: FakeSlurm, tmp_path: Path, end: str, exit_code: int,
-                                  log: str, records: list[dict], status: str, words: str) -> None:
-    fake.ends, fake.exit_code, fake.records, fake.log = [end], exit_code, records, log
-    measurement = _run(fake, tmp_path, SlurmRunner(poll_s=0.0, steps=4, warmup=1, retries=0))
-    assert measurement.status == status, measurement.reason
-    assert words in measurement.reason
-    assert measurement.extra["slurm_job_id"] == "100"
-    assert measurement.extra["slurm_state"] == end
-    if status == "ok":
-        assert measurement.tokens_per_s == pytest.approx(512.0)
-        assert measurement.tflops_per_gpu and measurement.mfu
-
-
-@pytest.mark.parametrize("first", ["PREEMPTED", "NODE_FAIL", "BOOT_FAIL"])
-def test_infrastructure_failures_are_submitted_again(fake: FakeSlurm, tmp_path: Path,
-                                                     first: str) -> None:
-    fake.ends, fake.records = [first, "COMPLETED"], [STEP, SUMMARY]
-    measurement = _run(fake, tmp_path)
-    assert measurement.status == "ok", measurement.reason
-    assert len(fake.jobs) == 2 and measurement.extra["slurm_job_id"] == "101"
-
-
-def test_pruner_cancels_through_scancel(fake: FakeSlurm, tmp_path: Path) -> None:
-    fake.records, fake.polls = [STEP, STEP], 50
-    measurement = _run(fake, tmp_path, report=lambda step, rate: step >= 2)
-    assert measurement.status == "pruned"
-    assert fake.cancelled == ["100"]
-    record = json.loads((tmp_path / "trials").glob("*/slurm_job.json").__next__().read_text())
-    assert record["cancelled"] == "pruned"
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanWithAttrs(TrialPlan):
-    """TrialPlan with the fields proposed for runners/base.py (the trial's attributes and a
-    setter), whether or not TrialPlan has them yet."""
-
-    attrs: dict = dataclasses.field(default_factory=dict)
-    note: Callable[[str, object], None] = lambda key, value: None
-
-
-def test_a_retry_reattaches_to_the_job_it_inherited(fake: FakeSlurm, tmp_path: Path) -> None:
-    """A dead worker's trial is retried by another worker (another output folder): the retry
-    carries `slurm_job_id`, so the runner follows that job instead of submitting again."""
-    fake.records, fake.polls = [STEP, SUMMARY], 3
-    runner = SlurmRunner(poll_s=0.0, steps=4, warmup=1)
-    cfg = tiny_config()
-    old = trial_plan(cfg, first_layout(cfg), tmp_path / "worker-a", number=3)
-    job_id = fake.submit(old.directory / "trial.sbatch")
-    record = {"job_id": job_id, "job_name": "x", "fingerprint": runner.fingerprint(old)}
-    (old.directory / JOB_FILE).write_text(json.dumps(record))
-    noted: dict[str, object] = {}
-    new = trial_plan(cfg, first_layout(cfg), tmp_path / "worker-b", number=9)
-    fields = {f.name: getattr(new, f.name) for f in dataclasses.fields(new)
-              if f.name not in ("attrs", "note")}
-    plan = PlanWithAttrs(**fields, attrs={"slurm_job_id": job_id}, note=noted.__setitem__)
-    measurement = runner.run(plan)
-    assert measurement.status == "ok" and measurement.extra["slurm_job_id"] == job_id
-    assert len(fake.jobs) == 1, "submitted again"
-    assert noted == {"slurm_job_id": job_id, "slurm_trial_dir": str(old.directory)}
-
-
-@pytest.mark.parametrize(("limits", "status"), [
-    ({"timeout_s": -1.0}, "timeout"),
-    ({"startup_timeout_s": -1.0}, "hang"),
+@pytest.mark.parametrize(("name", "status", "code", "words"), [
+    ("nan", "nan", 3, "the workload reported nan"),
+    ("oom", "oom", 4, "DefaultCPUAllocator: can't allocate memory"),
+    ("rejected", "rejected", 5, "validation error for DeepSpeedZeroConfig"),
 ])
-def test_runner_limits_cancel_the_job(fake: FakeSlurm, tmp_path: Path, limits: dict,
-                                      status: str) -> None:
-    fake.polls = 50
-    runner = SlurmRunner(poll_s=0.0, steps=4, warmup=1, **limits)
-    measurement = _run(fake, tmp_path, runner)
-    assert measurement.status == status and fake.cancelled == ["100"]
+def test_a_failed_workload_is_classified_by_its_exit_code(
+        slurm_ends: Batch, name: str, status: str, code: int, words: str) -> None:
+    """Oracle: sacct says FAILED, exit code 1:0 (torchrun's, for a failed worker); torchrun's
+    report in the job's log names the worker's exit code, the workload's code for the failure
+    (nan 3, oom 4, rejected 5: autotune.workloads.common.EXIT_CODES)."""
+    end = slurm_ends.end(name)
+    assert EXIT_CODES[status] == code
+    assert end.measurement.status == status, end.measurement.reason
+    assert words in end.measurement.reason
+    assert end.measurement.extra["slurm_state"] == "FAILED"
+    record = end.accounted()
+    assert (record["State"], record["ExitCode"]) == ("FAILED", "1:0")
+    assert _worker_exit_code(end.log) == code
 
 
-def test_threads_share_one_squeue_per_poll(fake: FakeSlurm, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    fake.records, fake.polls = [STEP, SUMMARY], 20
-    runner = SlurmRunner(poll_s=0.05, steps=4, warmup=0)
-    cfg = tiny_config()
-    layouts = [first_layout(cfg, f"tp=1,pp=1,zero={z},mbs={m}") for z in (0, 1) for m in (1, 2)]
-    plans = [trial_plan(cfg, lay, tmp_path, number=i) for i, lay in enumerate(layouts)]
-    results: list = [None] * 4
-    monkeypatch.setattr(slurm.time, "sleep", REAL_SLEEP)  # the threads must interleave
-
-    def work(i: int) -> None:
-        results[i] = runner.run(plans[i])
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert [m.status for m in results] == ["ok"] * 4
-    assert len({m.extra["slurm_job_id"] for m in results}) == 4
-    assert fake.squeue_calls < 4 * 20, "each thread polled squeue on its own"
+def test_a_program_that_exits_7_is_a_crash(slurm_ends: Batch) -> None:
+    """Oracle: the stand-in interpreter exits 7 (a shell script, helpers_slurm_ends.py); sacct
+    says FAILED with 7:0."""
+    end = slurm_ends.end("exit 7")
+    assert end.measurement.status == "crash"
+    assert end.measurement.reason == ("exit code 7: RuntimeError: the trial program gave up; "
+                                      "Slurm state FAILED")
+    assert end.measurement.extra["exit_code"] == 7
+    record = end.accounted()
+    assert (record["State"], record["ExitCode"]) == ("FAILED", "7:0")
 
 
-def test_submission_errors(fake: FakeSlurm, tmp_path: Path,
-                           monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(script: Path, env: object = None) -> str:
-        raise slurm.SlurmError("sbatch refused the job: Requested node configuration is not "
-                               "available")
-
-    monkeypatch.setattr(slurm, "submit", refuse)
-    assert _run(fake, tmp_path).status == "rejected"
-    megatron = load_config("tiny-gpt", "local", processes=2, framework="megatron",
-                           seq_length=64, global_batch_size=4)
-    with pytest.raises(AutotuneError, match="--framework megatron: .*GPUs only.*--framework deep"):
-        SlurmRunner().check(megatron)
+def test_a_job_that_ends_without_a_summary_is_a_crash(slurm_ends: Batch) -> None:
+    """`true` in place of the interpreter exits 0 without training. Oracle: sacct says
+    COMPLETED 0:0, yet metrics.jsonl holds only the job script's job_start record."""
+    end = slurm_ends.end("no summary")
+    assert end.measurement.status == "crash"
+    assert "wrote no summary" in end.measurement.reason
+    assert [r["event"] for r in records_of(end.plan.directory)] == ["job_start"]
+    record = end.accounted()
+    assert (record["State"], record["ExitCode"]) == ("COMPLETED", "0:0")
 
 
-def test_scontrol_output_keeps_paths_with_spaces() -> None:
-    text = ("JobId=7 JobName=autotune-0001-x\n   JobState=TIMEOUT Reason=TimeLimit\n"
-            "   ExitCode=0:15\n   WorkDir=/shared/my runs/trials/0001-x\n   NodeList=n[1-2]\n")
-    fields = slurm_client._scontrol_fields(text)
-    assert fields["WorkDir"] == "/shared/my runs/trials/0001-x"
-    assert fields["JobState"] == "TIMEOUT" and fields["NodeList"] == "n[1-2]"
-    assert slurm_client._exit_code("0:15") == -15 and slurm_client._exit_code("4:0") == 4
+@pytest.mark.parametrize(("name", "status", "words"), [
+    ("hang", "hang", "no new step within 8 s (scancel)"),
+    ("runner timeout", "timeout", "ran longer than 5 s (scancel)"),
+    ("startup", "hang", "no first step within 1 s of the job's start (scancel)"),
+])
+def test_the_runner_cancels_at_its_limits(slurm_ends: Batch, name: str, status: str,
+                                          words: str) -> None:
+    """The workload hangs at step 2 (`--inject hang`); a `sleep` runs past the runner's timeout
+    and never makes a first step. Oracle: sacct says CANCELLED (the runner's scancel); the hang
+    trial wrote 2 steps (autotune.workloads.common.INJECT_STEP)."""
+    end = slurm_ends.end(name)
+    assert end.measurement.status == status and words in end.measurement.reason
+    assert end.accounted()["State"].startswith("CANCELLED")
+    if name == "hang":
+        assert sum(r["event"] == "step" for r in records_of(end.plan.directory)) == 2
 
 
-# --- the job script --------------------------------------------------------------------------
+def test_a_job_past_its_deadline_is_a_timeout(slurm_ends: Batch) -> None:
+    """`--deadline now+60` with a 35-minute time limit (the runner's default) cannot be met.
+    Oracle: Slurm ends the pending job DEADLINE (sacct) before its script ever ran (no
+    metrics.jsonl, which the script's first line writes) on no node (sacct: `None assigned`)."""
+    end = slurm_ends.end("deadline")
+    assert end.measurement.status == "timeout"
+    assert end.measurement.reason == "reached its Slurm deadline; Slurm state DEADLINE"
+    assert end.measurement.extra["slurm_nodes"] == ""
+    assert end.accounted()["State"] == "DEADLINE"
+    assert not (end.plan.directory / "metrics.jsonl").exists(), "the job ran"
 
 
-def test_directives_are_checked() -> None:
-    assert parse_slurm_opts(["qos=high", "exclusive", "constraint=a100&ib"]) == {
-        "qos": "high", "exclusive": None, "constraint": "a100&ib"}
-    assert sbatch_directives({"qos": "high", "exclusive": None}) == ["--qos=high", "--exclusive"]
-    for bad in ({"qos": "a b"}, {"qos": "x#y"}, {"Bad Key": "1"}, {"mail-user": "'q'"}):
-        with pytest.raises(AutotuneError, match="--slurm-opt"):
-            sbatch_directives(bad)
-    runner = SlurmRunner(partition="gpu", account="proj", time_limit="0:30:00",
-                         options={"qos": "high"})
-    assert runner.directives == ["--partition=gpu", "--account=proj", "--time=0:30:00",
-                                 "--qos=high"]
-    assert "--time=35" in SlurmRunner(timeout_s=1800).directives
+def test_a_job_the_cluster_cannot_run_is_rejected(slurm_ends: Batch) -> None:
+    """4 CPUs per task on a 2-CPU node (the test cluster has EnforcePartLimits=ALL). Oracle:
+    sbatch's own refusal, quoted in the reason."""
+    end = slurm_ends.end("cannot run").measurement
+    assert end.status == "rejected"
+    assert end.reason == ("sbatch refused the job: sbatch: error: Batch job submission failed: "
+                          "More processors requested than permitted")
 
 
-def _lint(script: str, path: Path) -> None:
-    """shellcheck the script, where it is installed (.ci/run installs it)."""
-    if shutil.which("shellcheck"):
-        path.write_text(script)
-        lint = subprocess.run(["shellcheck", "-s", "bash", str(path)], capture_output=True,
-                              text=True, check=False)
-        assert lint.returncode == 0, lint.stdout
+def test_a_job_cancelled_by_someone_else_is_a_crash(slurm_ends: Batch) -> None:
+    """The test runs `scancel` once the job (a `sleep`) runs. Oracle: sacct's CANCELLED, and
+    `scontrol show job` of the running job, in a folder with a space, a quote and `$(...)`."""
+    end = slurm_ends.end("cancelled")
+    assert end.measurement.status == "crash"
+    assert end.measurement.reason == ("cancelled outside autotune (scancel by a user or an "
+                                      "admin); Slurm state CANCELLED")
+    assert end.accounted()["State"].startswith("CANCELLED")
+    running: JobInfo = end.seen["job_info"]
+    assert (running.state, running.work_dir) == ("RUNNING", str(end.plan.directory))
+    assert end.job_id not in queued_jobs()
 
 
-def test_script_is_sized_from_the_layout(tmp_path: Path) -> None:
-    gpu = load_config("tiny-gpt", "dgx-h100:2", framework="deepspeed")
-    layout = Layout.parse("tp=1,pp=1,zero=1,mbs=1", 16, gpu.train.global_batch_size,
-        get_framework("deepspeed"))
-    plan = trial_plan(gpu, layout, tmp_path)
-    runner = SlurmRunner(partition="gpu", options={"qos": "high"})
-    script = trial_sbatch_script(plan, job_name="j", directives=runner.directives,
-                                 python="python", args=runner.program_args(plan))
-    assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
-    assert "#SBATCH --exclusive" in script and "--nproc_per_node 8" in script
-    assert "#SBATCH --partition=gpu" in script and "#SBATCH --qos=high" in script
-    _lint(script, tmp_path / "gpu.sbatch")
-    cpu = tiny_config()
-    plan = trial_plan(cpu, first_layout(cpu), tmp_path / "cpu")
-    script = trial_sbatch_script(plan, job_name="j", directives=[], python="python", args=[])
-    assert "#SBATCH --nodes=1" in script and "#SBATCH --cpus-per-task=2" in script
-    assert "gpus" not in script and "--nproc_per_node 2" in script
-    _lint(script, tmp_path / "cpu.sbatch")
+def test_a_requeued_job_is_followed_to_its_second_run(slurm_ends: Batch) -> None:
+    """The test runs `scontrol requeue` after the first measured step; Slurm starts the job
+    again some 11 s later (cred_expire=10 on the test cluster), more than the runner's 8 s hang
+    timeout. Oracle: sacct keeps the first run as REQUEUED and the second COMPLETED; the job
+    script logs restart 1. The figures are those of the second run alone (15 steps, not 15 +
+    the first run's), and the wait in the queue is no hang."""
+    end = slurm_ends.end("requeued")
+    assert end.measurement.status == "ok", end.measurement.reason
+    assert end.measurement.extra["slurm_state"] == "COMPLETED"
+    assert end.measurement.extra["steps_done"] == 15
+    assert end.seen["steps_before"] >= 2
+    states = [record["State"] for record in accounting(end.job_id)]
+    assert states == ["REQUEUED", "COMPLETED"]
+    starts = [r["restart"] for r in records_of(end.plan.directory) if r["event"] == "job_start"]
+    assert starts == [0, 1]
 
 
-def _executable(path: Path, text: str) -> None:
-    path.write_text(text)
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+def test_the_end_of_a_forgotten_job_comes_from_sacct(slurm_ends: Batch) -> None:
+    """The pruner holds the runner (trial "ok") until slurmctld has purged the finished job
+    (MinJobAge=2 on the test cluster). Oracle: `scontrol show job` no longer knows it, so the
+    COMPLETED state the runner reports can only come from Slurm's accounting (without it:
+    UNKNOWN)."""
+    end = slurm_ends.end("ok")
+    assert end.seen["forgotten"] == end.job_id
+    assert not slurmctld_knows(end.job_id)
+    assert end.measurement.status == "ok", end.measurement.reason
+    assert end.measurement.extra["slurm_state"] == "COMPLETED"
+    assert end.measurement.extra["exit_code"] == 0
 
 
-def test_script_quotes_every_value(tmp_path: Path) -> None:
-    """Run the job script with stand-ins for scontrol, srun and python: a folder and arguments
-    full of shell syntax reach the workload unchanged, and nothing in them runs."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _executable(bin_dir / "scontrol", "#!/bin/sh\necho node-a\necho node-b\n")
-    # srun: drop its own options, run the task as node 1 of 2
-    _executable(bin_dir / "srun", "#!/bin/sh\nwhile [ \"${1#--}\" != \"$1\" ]; do shift; done\n"
-                                  "SLURM_NODEID=1 SLURM_NNODES=2 exec \"$@\"\n")
-    _executable(bin_dir / "fake python", "#!/usr/bin/env python3\nimport json, os, sys\n"
-                "json.dump([sys.argv[1:], os.environ['MASTER_ADDR']], open('argv.json', 'w'))\n")
-    cfg = tiny_config()
-    odd = tmp_path / "it's a $(touch pwned) `touch pwned2` folder"
-    plan = trial_plan(cfg, first_layout(cfg), odd)
-    args = ["--model", "a b", "--x", "$(touch pwned3)", "'; touch pwned4 #"]
-    script = trial_sbatch_script(plan, job_name="j", directives=[],
-                                 python=str(bin_dir / "fake python"), args=args)
-    path = plan.directory / "trial.sbatch"
-    path.write_text(script)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
-           "SLURM_JOB_NODELIST": "node-[a-b]"}
-    done = subprocess.run(["bash", str(path)], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=30, check=False)
-    assert done.returncode == 0, done.stderr
-    argv, master = json.loads((plan.directory / "argv.json").read_text())
-    assert master == "node-a"
-    assert argv[:6] == ["-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "1"]
-    assert argv[-len(args) - 2:] == ["-m", "autotune.workloads.deepspeed_gpt", *args]
-    assert "--master_port" in argv and argv[argv.index("--master_port") + 1] == "20007"
-    assert (plan.directory / "exit_code").read_text().strip() == "0"
-    assert not list(tmp_path.rglob("pwned*")), "a value was executed by the shell"
-    start = json.loads((plan.directory / "metrics.jsonl").read_text().splitlines()[0])
-    assert start == {"event": "job_start", "job_id": "7", "restart": 0, "master": "node-a:20007"}
+def test_slurm_time_limit_is_a_timeout(slurm_ends: Batch) -> None:
+    """A `sleep` under `--time=1`. Oracle: Slurm ends it TIMEOUT (sacct), at least a minute
+    after its start."""
+    end = slurm_ends.end("time limit")
+    assert end.measurement.status == "timeout", end.measurement.reason
+    assert end.measurement.reason == "reached its Slurm time limit (1); Slurm state TIMEOUT"
+    record = end.accounted()
+    assert record["State"] == "TIMEOUT"
+    start, stop = (datetime.fromisoformat(record[key]) for key in ("Start", "End"))
+    assert (stop - start).total_seconds() >= 60
