@@ -15,7 +15,8 @@ forms, from the literature:
   communication operations in MPICH") with NCCL's algorithms: all-reduce takes the faster of a
   flat ring (2(n-1) latency hops) and a double binary tree across nodes (2·log2 nodes hops;
   Sanders, Speck and Träff 2009); reduce-scatter and all-gather are rings; bandwidth falls for
-  small per-step chunks. Bus bandwidth follows nccl-tests' definition (PERFORMANCE.md).
+  small per-step chunks; across nodes a group's rings use the NIC of each of its GPUs in a node
+  (one channel per rail). Bus bandwidth follows nccl-tests' definition (PERFORMANCE.md).
 - Pipeline: interleaved 1F1B takes (v·m + p − 1) chunk times (Narayanan et al. 2021, SC21,
   bubble (p−1)/(v·m)), each with its point-to-point sends, plus a synchronisation per chunk.
 - Data parallel: bucketed gradient reduction overlapped with the last backward up to a hidden
@@ -97,14 +98,14 @@ class Hidden:
             return float(np.exp(rng.normal(0.0, sigma)))
 
         return cls(
-            gemm=jitter(0.05),
-            attention=jitter(0.08),
-            hbm=0.80 * jitter(0.05),
-            nvlink=0.78 * jitter(0.06),
-            nic=0.88 * jitter(0.06),
-            alpha_nvlink_s=6e-6 * jitter(0.2),
-            alpha_ib_s=14e-6 * jitter(0.2),
-            launch_s=4e-6 * jitter(0.2),
+            gemm=jitter(0.06),
+            attention=jitter(0.12),
+            hbm=0.80 * jitter(0.08),
+            nvlink=0.78 * jitter(0.10),
+            nic=0.85 * jitter(0.12),
+            alpha_nvlink_s=6e-6 * jitter(0.3),
+            alpha_ib_s=14e-6 * jitter(0.3),
+            launch_s=4e-6 * jitter(0.3),
             overlap=float(rng.uniform(0.5, 0.8)),
             activation_overhead=float(rng.uniform(1.10, 1.20)),
             fragmentation=float(rng.uniform(0.04, 0.08)),
@@ -155,7 +156,7 @@ class AlienTruth:
         """Ring reduce-scatter / all-gather (passes=1) or all-reduce (passes=2) of `nbytes`."""
         hid = self.hidden
         local, nodes, nvlink, nic = self._links(per_node, ranks)
-        link = np.where(nodes > 1, nic, nvlink)
+        link = np.where(nodes > 1, np.minimum(nvlink, local * nic), nvlink)
         alpha = np.where(nodes > 1, hid.alpha_ib_s, hid.alpha_nvlink_s)
         chunk = nbytes / np.maximum(ranks, 1)
         steps = passes * (ranks - 1)
@@ -171,7 +172,7 @@ class AlienTruth:
         tree = (
             intra
             + 2 * (local - 1) * hid.alpha_nvlink_s
-            + nbytes / self._chunk_bw(0.5 * nic, nbytes / 2)
+            + nbytes / self._chunk_bw(0.5 * local * nic, nbytes / 2)
             + 2 * np.ceil(np.log2(nodes)) * hid.alpha_ib_s
         )
         return np.where(nodes > 1, np.minimum(ring, tree), ring)
