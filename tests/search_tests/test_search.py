@@ -65,6 +65,7 @@ def test_a_queued_rule_breaking_layout_is_recorded_and_not_run(tmp_path: Path) -
 
 
 def test_parallel_jobs_do_not_duplicate_work(tmp_path: Path) -> None:
+    """Oracle: the study's records; three threads claim layouts and none runs twice."""
     result = tune(
         CFG,
         SPACE,
@@ -76,6 +77,7 @@ def test_parallel_jobs_do_not_duplicate_work(tmp_path: Path) -> None:
 
 
 def test_resume_keeps_completed_trials_and_retries_interrupted(tmp_path: Path) -> None:
+    """Oracle: Optuna's journal storage, with a RUNNING trial left as a killed worker would."""
     options = TuneOptions(
         out_dir=tmp_path,
         trials=4,
@@ -109,6 +111,7 @@ def test_resume_keeps_completed_trials_and_retries_interrupted(tmp_path: Path) -
 
 
 def test_resume_refuses_other_inputs(tmp_path: Path) -> None:
+    """Oracle: the error message; 8 nodes are not the 4 the study was made for."""
     options = TuneOptions(out_dir=tmp_path, trials=2, render=False)
     tune(CFG, SPACE, SimulateRunner(), options)
     other = load_config("llama3-8b", "dgx-h100:8")
@@ -134,6 +137,7 @@ def _script(tmp_path: Path, body: str) -> str:
 
 
 def test_command_runner_measures_and_survives_failures(tmp_path: Path) -> None:
+    """Oracle: a real subprocess per trial that crashes, prints no JSON, or measures."""
     body = """
 import json, sys, time
 layout = json.load(open(sys.argv[1]))
@@ -178,6 +182,7 @@ print(json.dumps({"step_time_s": 1.0 / layout["mbs"], "peak_memory_gb": 12.5}))
 
 
 def test_command_runner_timeout_kills_the_process(tmp_path: Path) -> None:
+    """Oracle: /proc: the timed-out command's process no longer exists."""
     marker = tmp_path / "pid"
     body = f"""
 import os, time
@@ -206,6 +211,7 @@ time.sleep(60)
 
 
 def test_unknown_placeholder_is_a_clear_error() -> None:
+    """Oracle: the error message names the placeholders."""
     with pytest.raises(AutotuneError, match="placeholder"):
         CommandRunner("run {nope}")
     plan_free = CommandRunner("""echo '{"a": 1}' {layout}""")
@@ -213,6 +219,7 @@ def test_unknown_placeholder_is_a_clear_error() -> None:
 
 
 def test_study_states_are_plain_optuna(tmp_path: Path) -> None:
+    """Oracle: Optuna's own load_study and trial states."""
     result = tune(
         CFG, SPACE, SimulateRunner(), TuneOptions(out_dir=tmp_path, trials=3, render=False)
     )
