@@ -90,8 +90,8 @@ numbers = st.one_of(
 
 @given(step=numbers, rate=numbers)
 def test_an_ok_trial_stands_only_on_positive_finite_figures(step, rate) -> None:
-    """Property (from the issue): an ok trial whose step time or throughput is given but not a
-    positive finite number, or that gives neither, is a crash; otherwise it stays ok."""
+    """Property (the contract of a measurement): an ok trial whose step time or throughput is
+    given but not a positive finite number, or that gives neither, is a crash; otherwise ok."""
 
     def usable(x) -> bool:
         number = isinstance(x, int | float) and not isinstance(x, bool)

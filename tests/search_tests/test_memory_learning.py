@@ -98,7 +98,7 @@ def _fits_hidden(table: LayoutTable, values: dict) -> np.ndarray:
 
 def test_the_search_stops_walking_into_the_memory_edge(tmp_path: Path) -> None:
     """Oracle: the hand-set cluster above. 6 of the model's top 10 layouts run out of memory
-    on it (the issue: ok, ok, then 8 OOM in a row); the search may spend at most 2 trials on
+    on it (walking the ranking runs into OOM after OOM); the search may spend at most 2 trials on
     OOMs, the trial after an OOM fits, and it still reaches the fastest layout that fits, within
     2 %."""
     space = load_space(None, "megatron")

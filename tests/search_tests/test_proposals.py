@@ -59,7 +59,7 @@ def test_the_seed_changes_the_run_and_fixes_it(tmp_path: Path) -> None:
 
 
 def test_the_warm_start_measures_distinct_structural_families(tmp_path: Path) -> None:
-    """Oracle: the issue's definition of a family, restated here: tp·pp·cp, recompute and ZeRO
+    """Oracle: the definition of a family, restated here: tp·pp·cp, recompute and ZeRO
     family (0 | 1-2 | 3). Before, the warm start was the model's top 4, near-duplicates."""
     result = tune(CFG, SPACE, SimulateRunner(noise=0.1, seed=2),
                   TuneOptions(out_dir=tmp_path, trials=4, storage="memory", render=False))
