@@ -196,7 +196,7 @@ _OPTIONS = {
                "launcher": "launcher", "megatron_lm": "megatron_lm", "partition": "partition",
                "account": "account", "time_limit": "time_limit", "slurm_opts": "slurm_opt"},
     "tune": {field: field for field in ("trials", "storage", "study", "resume", "seed", "jobs",
-                                        "top_k")},
+                                        "top_k", "repeat")},
     "scale": {"layout": "layout", "gpus": "gpus", "mode": "mode"},
 }
 """Config section → field → the command's parameter (whose option is --PARAMETER, with dashes)."""
@@ -472,6 +472,11 @@ def tune(
         int | None,
         typer.Option(help=_help("Runners-up to render besides the best.", TuneSettings,
                                 "top_k")),
+    ] = None,
+    repeat: Annotated[
+        int | None,
+        typer.Option(help=_help("Runs of each layout, averaged against noise.", TuneSettings,
+                                "repeat")),
     ] = None,
     seq: SeqOpt = None,
     gbs: GbsOpt = None,

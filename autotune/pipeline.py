@@ -35,6 +35,8 @@ from autotune.runners.base import Noter
 from autotune.runners.base import Reporter
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
+from autotune.runners.base import run_guarded
+from autotune.runners.base import validated
 from autotune.specs import AutotuneConfig
 from autotune.workloads import write_problem
 
@@ -79,7 +81,9 @@ class TrialPipeline:
         note: Noter | None = None,
     ) -> TrialResult:
         """Predict, render (when the runner reads configs) and run one layout that passed the
-        rules; the runner's failures come back as the measurement's status, never raised."""
+        rules; the runner's failures come back as the measurement's status, never raised (a
+        runner that raises makes a `crash`, and a measurement that is not one — NaN, zero,
+        negative figures — is a `crash` with the reason: `autotune.runners.base.validated`)."""
         prediction = estimate(self.cfg, layout, self.constants)
         artifacts: dict[str, Path] = {}
         if self.runner.needs_artifacts:
@@ -94,5 +98,5 @@ class TrialPipeline:
             report or (lambda step, value: False), attrs=dict(attrs or {}),
             note=note or (lambda key, value: None),
         )
-        measurement = self.runner.run(plan)
+        measurement = validated(run_guarded(self.runner, plan))
         return TrialResult(layout, prediction, measurement, directory, artifacts)

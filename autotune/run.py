@@ -134,6 +134,8 @@ class TuneSettings(BaseModel):
     """Trials in flight at once."""
     top_k: Annotated[Integer, Field(ge=0), at_most(1000, "a report lists them all")] = 5
     """Runners-up rendered and reported besides the best."""
+    repeat: Annotated[Integer, Field(ge=1), at_most(100, "noise averages out long before")] = 1
+    """Runs of each layout (averaged against measurement noise)."""
 
 
 class ScaleSettings(BaseModel):
@@ -338,6 +340,7 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
     options = TuneOptions(
         out_dir=out, trials=settings.trials, storage=settings.storage, study_name=settings.study,
         resume=settings.resume, seed=settings.seed, jobs=settings.jobs, top_k=settings.top_k,
+        repeat=settings.repeat,
     )
     result = run_study(cfg, space, runner, options, on_trial=on_trial)
     scaled = None

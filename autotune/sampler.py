@@ -1,38 +1,42 @@
-"""Optuna pieces that know the analytic model: a model-guided sampler and a best-so-far pruner.
+"""Optuna pieces that know the analytic model: the sampler, the pruner, who holds a layout.
 
-`ModelGuidedSampler` proposes, trial after trial, the best untried feasible layout under the
-model whose constants were refitted (least squares) to the trials measured so far; every
-`explore_every`-th trial comes from Optuna's TPE sampler (with constraints) instead, so regions
-the model ranks low still get sampled. Enqueued (warm-start) trials keep their fixed values.
+`ModelGuidedSampler` turns the study's trials into outcomes and asks `autotune.proposal` for the
+next feasible layout (memory learned from the trials, warm start over families, seeded
+exploration, upper confidence bound); enqueued trials keep their fixed values. Each proposal is
+stored on its trial (`proposal`: reason, prediction, memory limit). `NoiseAwarePruner` stops a
+trial only when it trails the best by more than the measured noise of both. `holding_trial`
+says which earlier trial keeps a layout from running again.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import statistics
+import threading
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 from optuna.distributions import BaseDistribution
 from optuna.distributions import CategoricalDistribution
 from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
-from optuna.samplers import TPESampler
+from optuna.samplers import RandomSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-from autotune.calibration import Measured
-from autotune.calibration import fit_constants
-from autotune.constants import Constants
-from autotune.estimate import evaluate
 from autotune.layout import SEARCH_DIMS
 from autotune.layout import Layout
-from autotune.layout import LayoutTable
+from autotune.proposal import Outcome
+from autotune.proposal import Proposer
+from autotune.records import step_time_spread
 from autotune.space import SearchSpace
 from autotune.specs import AutotuneConfig
 
-REFIT = ("gemm_efficiency", "comm_efficiency")
-"""Constants refitted to measured trials (few points: the two that move rankings most)."""
+log = logging.getLogger(__name__)
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+"""States of trials that ended; one that ran (user attribute `ran`) holds its layout."""
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
@@ -58,70 +62,92 @@ def layout_from_params(cfg: AutotuneConfig, space: SearchSpace, params: dict[str
     return Layout.derived(cfg.world_size, cfg.train.global_batch_size, **values)
 
 
-def measured_points(cfg: AutotuneConfig, trials: Sequence[FrozenTrial]) -> list[Measured]:
-    """Completed trials that measured a step time, as calibration points."""
-    points = []
-    for t in trials:
-        if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok":
-            layout = Layout(**t.user_attrs["layout_fields"])
-            points.append(
-                Measured(
-                    f"trial {t.number}",
-                    cfg,
-                    (layout,),
-                    float(t.user_attrs["measured_step_time_s"]),
-                    cfg.cluster.gpu.name,
-                )
+def outcomes(trials: Sequence[FrozenTrial]) -> list[Outcome]:
+    """Every trial that ran, failed or not, in trial order."""
+    result = []
+    for t in sorted(trials, key=lambda t: t.number):
+        attrs = t.user_attrs
+        if t.state not in FINISHED or not attrs.get("ran") or "layout_fields" not in attrs:
+            continue
+        result.append(
+            Outcome(
+                Layout(**attrs["layout_fields"]),
+                str(attrs.get("status", "crash")),
+                attrs.get("measured_step_time_s"),
+                attrs.get("measured_peak_memory_bytes"),
+                attrs.get("measured_step_time_spread"),
             )
-    return points
+        )
+    return result
+
+
+def pending(trials: Sequence[FrozenTrial], number: int) -> list[str]:
+    """Layouts that other unfinished trials run or will run (claimed, proposed or enqueued)."""
+    result = []
+    for t in trials:
+        if t.number == number or t.state not in (TrialState.RUNNING, TrialState.WAITING):
+            continue
+        layout_id = t.user_attrs.get("layout_id") or t.user_attrs.get("proposal", {}).get(
+            "layout_id"
+        )
+        if layout_id:
+            result.append(layout_id)
+    return result
+
+
+def holding_trial(
+    trials: Sequence[FrozenTrial], number: int, layout_id: str, *, lower_only: bool,
+    repeat: int = 1,
+) -> FrozenTrial | None:
+    """The trial that keeps `layout_id` from running in trial `number`, or None.
+
+    A trial holds its layout once it ran (whatever its outcome) or while it runs with a claim.
+    A layout runs at most `repeat` times, and never again after a run that was not ok. With
+    `lower_only`, only lower-numbered trials count (the second phase of a claim).
+    """
+    holders = []
+    for other in trials:
+        if other.number == number or other.user_attrs.get("layout_id") != layout_id:
+            continue
+        if lower_only and other.number > number:
+            continue
+        ran = other.state in FINISHED and other.user_attrs.get("ran")
+        if ran or (other.state == TrialState.RUNNING and other.user_attrs.get("claimed")):
+            holders.append(other)
+    failed = [t for t in holders if t.state in FINISHED and t.user_attrs.get("status") != "ok"]
+    if failed:
+        return failed[0]
+    return holders[-1] if len(holders) >= repeat else None
 
 
 class ModelGuidedSampler(BaseSampler):
-    """Best untried layout under the refitted model; TPE every `explore_every`-th trial."""
+    """Proposes feasible layouts with `autotune.proposal.Proposer` (see there)."""
 
-    def __init__(
-        self,
-        cfg: AutotuneConfig,
-        space: SearchSpace,
-        feasible: LayoutTable,
-        constants: Constants,
-        *,
-        seed: int | None = None,
-        explore_every: int = 5,
-    ) -> None:
-        self._cfg = cfg
-        self._space = space
-        self._feasible = feasible
-        self._ids = [row.id for row in feasible.rows()]
-        self._base = constants
-        self._explore_every = explore_every
-        self._tpe = TPESampler(seed=seed, multivariate=True, n_startup_trials=5)
-        self._fit_cache: tuple[int, Constants] = (-1, constants)
+    def __init__(self, space: SearchSpace, proposer: Proposer) -> None:
+        self._cfg, self._space, self._proposer = proposer.cfg, space, proposer
+        self._fallback = RandomSampler(seed=proposer.seed)
+        self._lock = threading.Lock()
+        self._proposed: dict[int, str] = {}
+        """Trial number -> layout id proposed in this process (seen before storage has it)."""
+        self._limit: float | None = None
 
-    def fitted_constants(self, study: Study) -> Constants:
-        """Constants refitted to the study's measured trials (cached per trial count)."""
-        points = measured_points(self._cfg, study.get_trials(deepcopy=False))
-        if self._fit_cache[0] != len(points):
-            fitted = fit_constants(points, self._base, REFIT) if len(points) >= 2 else self._base
-            self._fit_cache = (len(points), fitted)
-        return self._fit_cache[1]
+    def _state(self, study: Study, number: int) -> tuple[list[Outcome], list[str]]:
+        trials = study.get_trials(deepcopy=False)
+        done = {t.number for t in trials if t.state in FINISHED}
+        claimed = pending(trials, number) + [
+            layout_id for n, layout_id in self._proposed.items() if n != number and n not in done
+        ]
+        claimed += [  # enqueued trials (pinned by the user, or retries) will run their layouts
+            layout_from_params(self._cfg, self._space, t.system_attrs["fixed_params"]).id
+            for t in trials
+            if t.state == TrialState.WAITING and "fixed_params" in t.system_attrs
+        ]
+        return outcomes(trials), claimed
 
-    def ranking(self, study: Study) -> np.ndarray:
-        """Indices of the feasible layouts, fastest first under the refitted model."""
-        values = evaluate(self._cfg, self._feasible, self.fitted_constants(study))
-        return np.argsort(-values["tokens_per_s"], kind="stable")
-
-    def _tried(self, study: Study) -> set[str]:
-        states = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING, TrialState.PRUNED)
-        tried = set()
-        for t in study.get_trials(deepcopy=False, states=states):
-            if "layout_id" in t.user_attrs:
-                tried.add(t.user_attrs["layout_id"])
-            elif "fixed_params" in t.system_attrs:
-                tried.add(
-                    layout_from_params(self._cfg, self._space, t.system_attrs["fixed_params"]).id
-                )
-        return tried
+    def remaining(self, study: Study) -> int:
+        """Trials left to run: enqueued ones, repeats owed and untried layouts expected to fit."""
+        waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+        return waiting + self._proposer.remaining(*self._state(study, -1))
 
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial
@@ -131,15 +157,21 @@ class ModelGuidedSampler(BaseSampler):
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        if not search_space:
+        if not search_space or "fixed_params" in trial.system_attrs:
             return {}
-        if self._explore_every and trial.number % self._explore_every == self._explore_every - 1:
-            return self._tpe.sample_relative(study, trial, search_space)
-        tried = self._tried(study)
-        for index in self.ranking(study):
-            if self._ids[index] not in tried:
-                return layout_params(self._feasible.row(int(index)), self._space)
-        return self._tpe.sample_relative(study, trial, search_space)
+        with self._lock:
+            done, claimed = self._state(study, trial.number)
+            proposal = self._proposer.propose(done, claimed)
+            if proposal is None:  # nothing left: a tried layout, which the study reuses
+                return layout_params(self._proposer.rows[0], self._space)
+            self._proposed[trial.number] = proposal.layout.id
+            study._storage.set_trial_user_attr(trial._trial_id, "proposal", proposal.to_dict())
+            if proposal.reason == "warm-start":
+                study._storage.set_trial_user_attr(trial._trial_id, "warm_start", len(done) + 1)
+            if proposal.memory.limit_bytes != self._limit:
+                self._limit = proposal.memory.limit_bytes
+                log.info("memory: %s", proposal.memory.describe())
+        return layout_params(proposal.layout, self._space)
 
     def sample_independent(
         self,
@@ -148,37 +180,61 @@ class ModelGuidedSampler(BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
-        return self._tpe.sample_independent(study, trial, param_name, param_distribution)
-
-    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
-        self._tpe.before_trial(study, trial)
-
-    def after_trial(
-        self, study: Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
-    ) -> None:
-        self._tpe.after_trial(study, trial, state, values)
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
 
 
-class BestSoFarPruner(BasePruner):
-    """Stop a trial whose throughput, after `warmup_steps` reports, trails the best completed
-    trial by more than `tolerance` (a fraction)."""
+def _spread(values: Sequence[float]) -> float:
+    """Relative spread of the step times behind throughput reports."""
+    return step_time_spread([1 / v for v in values if v > 0])
 
-    def __init__(self, warmup_steps: int = 2, tolerance: float = 0.1) -> None:
+
+class NoiseAwarePruner(BasePruner):
+    """Stop a trial that trails the best completed trial by more than the noise of both.
+
+    After `warmup_steps` reports, the trial's throughput is the median of its reports after the
+    first; it is pruned when it is below the best by more than `tolerance` and by more than `k`
+    times the combined relative spread of the two (the best's measured step-time spread, the
+    trial's from its reports so far). The pruned trial keeps `pruned_tokens_per_s` (that median)
+    and `pruned_margin`.
+    """
+
+    def __init__(self, warmup_steps: int = 2, tolerance: float = 0.1, k: float = 2.0) -> None:
         self.warmup_steps = warmup_steps
         self.tolerance = tolerance
+        self.k = k
+
+    def margin(self, trial_spread: float, best_spread: float) -> float:
+        """The relative gap below the best that counts as slower."""
+        return max(self.tolerance, self.k * math.hypot(trial_spread, best_spread))
 
     def prune(self, study: Study, trial: FrozenTrial) -> bool:
         step = trial.last_step
         if step is None or step < self.warmup_steps:
             return False
-        best = [
-            t.value
-            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.value and t.user_attrs.get("status") == "ok"
-        ]
-        if not best:
+        best = max(
+            (t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+             if t.value and t.user_attrs.get("status") == "ok"),
+            key=lambda t: t.value,
+            default=None,
+        )
+        if best is None:
             return False
-        return trial.intermediate_values[step] < max(best) * (1 - self.tolerance)
+        values = [v for _, v in sorted(trial.intermediate_values.items())]
+        values = values[1:] if len(values) > 1 else values
+        current = statistics.median(values)
+        best_spread = float(best.user_attrs.get("measured_step_time_spread") or 0.0)
+        margin = self.margin(_spread(values), best_spread)
+        if current >= best.value * (1 - margin):
+            return False
+        study._storage.set_trial_user_attr(trial._trial_id, "pruned_tokens_per_s", current)
+        study._storage.set_trial_user_attr(trial._trial_id, "pruned_margin", margin)
+        return True
 
 
-__all__ = ["BestSoFarPruner", "ModelGuidedSampler", "distributions", "layout_params"]
+__all__ = [
+    "ModelGuidedSampler",
+    "NoiseAwarePruner",
+    "distributions",
+    "holding_trial",
+    "layout_params",
+]

@@ -29,13 +29,15 @@ from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.memory import usable_gpu_bytes
 from autotune.pipeline import TrialPipeline
+from autotune.proposal import Proposer
 from autotune.runners.base import Measurement
 from autotune.runners.base import Runner
-from autotune.sampler import BestSoFarPruner
+from autotune.sampler import FINISHED
 from autotune.sampler import ModelGuidedSampler
+from autotune.sampler import NoiseAwarePruner
 from autotune.sampler import distributions
+from autotune.sampler import holding_trial
 from autotune.sampler import layout_from_params
-from autotune.sampler import layout_params
 from autotune.space import SearchSpace
 from autotune.space import enumerate_layouts
 from autotune.space import no_feasible_message
@@ -66,9 +68,11 @@ class TuneOptions:
     jobs: int = 1
     top_k: int = 5
     warm_start: int = 4
-    explore_every: int = 5
+    explore_every: int = 10
     pruner_tolerance: float = 0.1
     render: bool = True
+    repeat: int = 1
+    """Runs per layout (> 1 averages noise); a layout that failed never runs again."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,10 +114,12 @@ class Objective:
     """The study's objective: measured tokens/s of the suggested layout (0 when it cannot run)."""
 
     def __init__(
-        self, cfg: AutotuneConfig, space: SearchSpace, runner: Runner, k: Constants, out_dir: Path
+        self, cfg: AutotuneConfig, space: SearchSpace, runner: Runner, k: Constants, out_dir: Path,
+        repeat: int = 1,
     ) -> None:
         self.cfg, self.space, self.k, self.out_dir = cfg, space, k, out_dir
         self.pipeline = TrialPipeline(cfg, runner, k)
+        self.repeat = repeat
         self._claiming = threading.Lock()
 
     def __call__(self, trial: Trial) -> float:
@@ -171,16 +177,10 @@ class Objective:
         return self._holder(trial, layout, lower_only=True)
 
     def _holder(self, trial: Trial, layout: Layout, lower_only: bool) -> FrozenTrial | None:
-        states = (TrialState.COMPLETE, TrialState.RUNNING)
-        for other in trial.study.get_trials(deepcopy=False, states=states):
-            if other.number == trial.number or other.user_attrs.get("layout_id") != layout.id:
-                continue
-            if lower_only and other.number > trial.number:
-                continue
-            done = other.state == TrialState.COMPLETE and other.user_attrs.get("ran")
-            if done or other.user_attrs.get("claimed"):
-                return other
-        return None
+        trials = trial.study.get_trials(deepcopy=False)
+        return holding_trial(
+            trials, trial.number, layout.id, lower_only=lower_only, repeat=self.repeat
+        )
 
     def reuse(self, trial: Trial, earlier: FrozenTrial) -> float:
         trial.set_user_attr("status", "duplicate")
@@ -326,24 +326,19 @@ def _fail_stale(study: optuna.Study) -> None:
 
 
 class _StopAfter:
-    """Stop once `n` trials ran (rule rejections and reused duplicates do not count), every
-    feasible layout was tried, or `cap` trials exist."""
+    """Stop once `n` trials ran (rule rejections and reused duplicates do not count), the
+    sampler has nothing left to propose, or `cap` trials exist."""
 
-    def __init__(self, n: int, feasible: int, cap: int) -> None:
-        self.n, self.feasible, self.cap = n, feasible, cap
+    def __init__(self, n: int, remaining: Callable[[optuna.Study], int], cap: int) -> None:
+        self.n, self.remaining, self.cap = n, remaining, cap
 
     def ran(self, study: optuna.Study) -> int:
-        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        done = study.get_trials(deepcopy=False, states=FINISHED)
         return sum(1 for t in done if t.user_attrs.get("ran"))
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         trials = study.get_trials(deepcopy=False)
-        tried = {
-            t.user_attrs["layout_id"]
-            for t in trials
-            if t.user_attrs.get("ran") or t.user_attrs.get("status") == "duplicate"
-        }
-        if self.ran(study) >= self.n or len(tried) >= self.feasible or len(trials) >= self.cap:
+        if self.ran(study) >= self.n or len(trials) >= self.cap or not self.remaining(study):
             study.stop()
 
 
@@ -355,33 +350,30 @@ def tune(
     on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
 ) -> TuneResult:
     """Run (or resume) the study and render configs for the best layouts."""
+    if options.repeat < 1:
+        raise AutotuneError(f"--repeat: {options.repeat} runs per layout; give 1 or more")
     k = constants_for(cfg.cluster.gpu)
     enumeration = enumerate_layouts(cfg, space, k)
     if not len(enumeration):
         raise AutotuneError(no_feasible_message(enumeration))
     options.out_dir.mkdir(parents=True, exist_ok=True)
     runner.check(cfg)
-    sampler = ModelGuidedSampler(
-        cfg, space, enumeration.feasible, k, seed=options.seed, explore_every=options.explore_every
+    proposer = Proposer(
+        cfg, enumeration.feasible, k, seed=options.seed, warm_start=options.warm_start,
+        explore_every=options.explore_every, repeat=options.repeat,
     )
-    pruner = BestSoFarPruner(tolerance=options.pruner_tolerance)
+    sampler = ModelGuidedSampler(space, proposer)
+    pruner = NoiseAwarePruner(tolerance=options.pruner_tolerance)
     study, url, name, existed = _open_study(cfg, space, options, sampler, pruner)
     if existed:
         recovered = recover_interrupted(study)
         if recovered:
             log.info("re-enqueued %d trial(s) left running by an interrupted worker", recovered)
-    else:
-        for i in range(min(options.warm_start, options.trials, len(enumeration))):
-            study.enqueue_trial(
-                layout_params(enumeration.feasible.row(i), space), user_attrs={"warm_start": i + 1}
-            )
-    stop = _StopAfter(
-        options.trials, len(enumeration), cap=options.trials * 20 + options.warm_start
-    )
+    stop = _StopAfter(options.trials, sampler.remaining, cap=options.trials * 20 + 4)
     callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = [stop]
     if on_trial is not None:
         callbacks.append(on_trial)
-    objective = Objective(cfg, space, runner, k, options.out_dir)
+    objective = Objective(cfg, space, runner, k, options.out_dir, options.repeat)
 
     def optimize() -> None:
         study.optimize(

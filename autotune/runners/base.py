@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
@@ -60,6 +61,58 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         """Plain fields, for JSON and Optuna user attributes."""
         return dataclasses.asdict(self)
+
+
+_RATES = ("step_time_s", "tokens_per_s")
+"""Figures an `ok` trial stands on: each present one must be a positive finite number."""
+_OPTIONAL = ("tflops_per_gpu", "mfu", "peak_memory_bytes", "step_time_spread")
+"""Figures a trial may add: a value that is not a finite number >= 0 is dropped."""
+
+
+def _usable(value: Any, positive: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and (value > 0 if positive else value >= 0)
+
+
+def validated(m: Measurement) -> Measurement:
+    """The measurement, or a `crash` naming the figure that cannot be a measurement.
+
+    An unknown status, or an `ok` trial whose step time or throughput is missing, not a number,
+    not finite, zero or negative, becomes `crash` with that reason. Optional figures (TFLOP/s,
+    MFU, peak memory, spread) that are not finite numbers >= 0 are dropped and listed in
+    `extra["dropped"]`.
+    """
+    if m.status not in STATUSES:
+        return Measurement("crash", reason=f"unknown status {m.status!r}", log_tail=m.log_tail)
+    fields: dict[str, Any] = {}
+    dropped = {k: repr(getattr(m, k)) for k in _OPTIONAL
+               if getattr(m, k) is not None and not _usable(getattr(m, k), positive=False)}
+    fields.update(dict.fromkeys(dropped))
+    if m.status == "ok":
+        given = [k for k in _RATES if getattr(m, k) is not None]
+        bad = [k for k in given if not _usable(getattr(m, k), positive=True)]
+        if not given or bad:
+            what = (f"{bad[0]} = {getattr(m, bad[0])!r} is not a positive finite number"
+                    if bad else "an ok trial measured neither step_time_s nor tokens_per_s")
+            return Measurement("crash", reason=f"invalid measurement: {what}",
+                               log_tail=m.log_tail, extra=m.extra)
+    else:
+        fields.update({k: None for k in _RATES
+                       if getattr(m, k) is not None and not _usable(getattr(m, k), True)})
+    if dropped:
+        fields["extra"] = {**m.extra, "dropped": dropped}
+    return dataclasses.replace(m, **fields) if fields else m
+
+
+def run_guarded(runner: Runner, plan: TrialPlan) -> Measurement:
+    """`runner.run(plan)`; a runner that raises makes a `crash` trial with the error instead."""
+    try:
+        return runner.run(plan)
+    except Exception as error:  # a runner bug must not kill the study or free the layout
+        return Measurement(
+            "crash", reason=f"the {runner.name} runner raised {type(error).__name__}: {error}"
+        )
 
 
 class Runner(abc.ABC):

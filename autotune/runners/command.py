@@ -10,7 +10,6 @@ failed trial with the reason; the study goes on.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import shlex
@@ -19,10 +18,10 @@ from typing import Any
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
 from autotune.records import measured
-from autotune.runners.base import STATUSES
 from autotune.runners.base import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
+from autotune.runners.base import validated
 from autotune.runners.process import run_process
 from autotune.specs import AutotuneConfig
 
@@ -56,24 +55,21 @@ def parse_json_line(line: str) -> dict[str, Any] | None:
 
 def measurement_from_metrics(plan: TrialPlan, metrics: dict[str, Any]) -> Measurement:
     """Turn the command's final JSON object into a Measurement (figures as every runner computes
-    them: tokens/s from the step time, TFLOP/s per GPU and MFU from the model's FLOPs)."""
-    tokens = plan.cfg.train.tokens_per_step
-    step = metrics.get("step_time_s")
-    rate = metrics.get("tokens_per_s")
-    if step is None and rate is None:
-        return Measurement("crash", reason="final JSON has neither step_time_s nor tokens_per_s")
-    step = float(step) if step is not None else tokens / float(rate)
+    them: tokens/s from the step time, TFLOP/s per GPU and MFU from the model's FLOPs). Figures
+    that are not positive finite numbers make a `crash` naming them (`validated`)."""
     status = str(metrics.get("status", "ok"))
-    if status not in STATUSES:
-        status = "crash"
+    raw = validated(Measurement(status, step_time_s=metrics.get("step_time_s"),
+                                tokens_per_s=metrics.get("tokens_per_s")))
+    if raw.status != "ok":
+        return raw
+    tokens = plan.cfg.train.tokens_per_step
+    step = raw.step_time_s if raw.step_time_s is not None else tokens / raw.tokens_per_s
     peak = metrics.get("peak_memory_bytes")
     if peak is None and metrics.get("peak_memory_gb") is not None:
-        peak = float(metrics["peak_memory_gb"]) * 1e9
-    spread = metrics.get("step_time_spread")
-    figures = measured(plan.cfg, plan.layout, step,
-                       peak_memory_bytes=float(peak) if peak is not None else None,
-                       step_time_spread=float(spread) if spread is not None else 0.0)
-    return dataclasses.replace(figures, status=status)
+        peak = metrics["peak_memory_gb"] * 1e9
+    figures = measured(plan.cfg, plan.layout, step, peak_memory_bytes=peak,
+                       step_time_spread=metrics.get("step_time_spread", 0.0))
+    return validated(figures)
 
 
 class CommandRunner(Runner):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -17,7 +18,6 @@ from autotune.runners.simulate import SimulateRunner
 from autotune.search import TuneOptions
 from autotune.search import recover_interrupted
 from autotune.search import tune
-from autotune.space import enumerate_layouts
 from autotune.space import load_space
 
 CFG = load_config("llama3-8b", "dgx-h100:4")
@@ -25,6 +25,7 @@ SPACE = load_space(None, "megatron")
 
 
 def test_tune_simulate_renders_winners(tmp_path: Path) -> None:
+    """Oracle: the study's own records and the rendered manifest on disk."""
     result = tune(
         CFG,
         SPACE,
@@ -34,9 +35,9 @@ def test_tune_simulate_renders_winners(tmp_path: Path) -> None:
     ran = [r for r in result.records if r.get("ran")]
     assert len(ran) == 8
     assert len({r["layout_id"] for r in ran}) == 8, "a layout ran twice"
-    # the first trials are the model's own top layouts (warm start)
-    top = enumerate_layouts(CFG, SPACE).feasible.row(0)
-    assert result.records[0]["layout_id"] == top.id and result.records[0]["warm_start"] == 1
+    # the first trials are the warm start, each with the sampler's reason on record
+    assert result.records[0]["warm_start"] == 1
+    assert result.records[0]["proposal"]["reason"] == "warm-start"
     best = result.ranked[0]
     assert best["measured_tokens_per_s"] == max(r["measured_tokens_per_s"] for r in ran)
     manifest = json.loads((tmp_path / "best" / "manifest.json").read_text())
@@ -45,21 +46,26 @@ def test_tune_simulate_renders_winners(tmp_path: Path) -> None:
     assert (tmp_path / "study.db").exists()
 
 
-def test_rule_rejections_are_recorded_and_not_run(tmp_path: Path) -> None:
-    result = tune(
-        CFG,
-        SPACE,
-        SimulateRunner(),
-        TuneOptions(out_dir=tmp_path, trials=12, storage="memory", render=False, explore_every=2),
-    )
+def test_a_queued_rule_breaking_layout_is_recorded_and_not_run(tmp_path: Path) -> None:
+    """Oracle: tp·pp = 8·8 = 64 cannot divide 32 GPUs (worked by hand); Optuna's storage."""
+    options = TuneOptions(out_dir=tmp_path, trials=1, render=False)
+    first = tune(CFG, SPACE, SimulateRunner(), options)
+    study = optuna.load_study(study_name=first.study_name, storage=first.storage)
+    study.enqueue_trial({"tp": 8, "pp": 8, "cp": 1, "vpp": 1, "zero": 1, "offload": "none",
+                         "mbs": 1, "recompute": "none", "sp": True})
+
+    result = tune(CFG, SPACE, SimulateRunner(),
+                  dataclasses.replace(options, resume=True, trials=2))
+
     rejected = [r for r in result.records if r["status"] == "infeasible"]
-    assert rejected, "TPE exploration should hit some rule"
-    for r in rejected:
-        assert r["rule"] and r["reason"] and not r.get("ran")
-        assert r["value"] == 0.0
+    assert len(rejected) == 1 and rejected[0]["rule"] == "world_divisible_by_tp_pp_cp"
+    assert "8·8·1" in rejected[0]["reason"] and "32 GPUs" in rejected[0]["reason"]
+    assert not rejected[0].get("ran") and rejected[0]["value"] == 0.0
+    assert sum(1 for r in result.records if r.get("ran")) == 2
 
 
 def test_parallel_jobs_do_not_duplicate_work(tmp_path: Path) -> None:
+    """Oracle: the study's records; three threads claim layouts and none runs twice."""
     result = tune(
         CFG,
         SPACE,
@@ -71,6 +77,7 @@ def test_parallel_jobs_do_not_duplicate_work(tmp_path: Path) -> None:
 
 
 def test_resume_keeps_completed_trials_and_retries_interrupted(tmp_path: Path) -> None:
+    """Oracle: Optuna's journal storage, with a RUNNING trial left as a killed worker would."""
     options = TuneOptions(
         out_dir=tmp_path,
         trials=4,
@@ -104,6 +111,7 @@ def test_resume_keeps_completed_trials_and_retries_interrupted(tmp_path: Path) -
 
 
 def test_resume_refuses_other_inputs(tmp_path: Path) -> None:
+    """Oracle: the error message; 8 nodes are not the 4 the study was made for."""
     options = TuneOptions(out_dir=tmp_path, trials=2, render=False)
     tune(CFG, SPACE, SimulateRunner(), options)
     other = load_config("llama3-8b", "dgx-h100:8")
@@ -129,6 +137,7 @@ def _script(tmp_path: Path, body: str) -> str:
 
 
 def test_command_runner_measures_and_survives_failures(tmp_path: Path) -> None:
+    """Oracle: a real subprocess per trial that crashes, prints no JSON, or measures."""
     body = """
 import json, sys, time
 layout = json.load(open(sys.argv[1]))
@@ -173,6 +182,7 @@ print(json.dumps({"step_time_s": 1.0 / layout["mbs"], "peak_memory_gb": 12.5}))
 
 
 def test_command_runner_timeout_kills_the_process(tmp_path: Path) -> None:
+    """Oracle: /proc: the timed-out command's process no longer exists."""
     marker = tmp_path / "pid"
     body = f"""
 import os, time
@@ -201,6 +211,7 @@ time.sleep(60)
 
 
 def test_unknown_placeholder_is_a_clear_error() -> None:
+    """Oracle: the error message names the placeholders."""
     with pytest.raises(AutotuneError, match="placeholder"):
         CommandRunner("run {nope}")
     plan_free = CommandRunner("""echo '{"a": 1}' {layout}""")
@@ -208,6 +219,7 @@ def test_unknown_placeholder_is_a_clear_error() -> None:
 
 
 def test_study_states_are_plain_optuna(tmp_path: Path) -> None:
+    """Oracle: Optuna's own load_study and trial states."""
     result = tune(
         CFG, SPACE, SimulateRunner(), TuneOptions(out_dir=tmp_path, trials=3, render=False)
     )

@@ -1,0 +1,85 @@
+"""How wrong the model is where nothing was measured: a Gaussian process on its residuals.
+
+The residual of a measured layout is log(measured step time / modelled step time). A Gaussian
+process over the layout's structure (log2 of tp, pp, cp, vpp and micro-batch, ZeRO stage,
+offload, recompute, sequence parallelism; squared-exponential kernel, one length scale per
+dimension) spreads each residual to similar layouts: layouts of a measured family (same
+tp·pp·cp, recompute and ZeRO stage) inherit its correction with little uncertainty, while an
+unmeasured family keeps the prior uncertainty. The prior σ is learned from the residuals seen so
+far (shrunk towards 10 %), so a model that keeps missing widens the search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from autotune.layout import LayoutTable
+
+LENGTH_SCALES = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.5, 1.0, 1.0])
+"""Per feature: tp, pp, cp, vpp (log2 steps), zero, offload, mbs (log2), recompute, sp."""
+PRIOR_SD = 0.10
+"""Prior σ of the log residual (the model within ~10 % before any trial)."""
+PRIOR_WEIGHT = 2.0
+"""Pseudo-observations behind PRIOR_SD when the σ is re-estimated."""
+MIN_NOISE = 0.01
+"""Floor of a measurement's relative noise."""
+
+
+def features(t: LayoutTable) -> np.ndarray:
+    """Kernel inputs of every row, divided by the length scales."""
+    columns = [
+        np.log2(t.tp),
+        np.log2(t.pp),
+        np.log2(t.cp),
+        np.log2(t.vpp),
+        t.zero,
+        t.offload,
+        np.log2(t.mbs),
+        t.recompute,
+        t.sp.astype(float),
+    ]
+    return np.column_stack(columns).astype(float) / LENGTH_SCALES
+
+
+def _kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    squared = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.T
+    return np.exp(-0.5 * np.maximum(squared, 0.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class Residuals:
+    """The fitted process: predicts the log residual of any layout, with its σ."""
+
+    x: np.ndarray
+    weights: np.ndarray
+    factor: np.ndarray
+    """Cholesky factor of the observed covariance."""
+    mean: float
+    sd: float
+
+    def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean and σ of the log residual at kernel inputs `x`."""
+        if not len(self.x):
+            return np.full(len(x), self.mean), np.full(len(x), self.sd)
+        cross = self.sd**2 * _kernel(x, self.x)
+        mean = self.mean + cross @ self.weights
+        solved = np.linalg.solve(self.factor, cross.T)
+        var = self.sd**2 - (solved * solved).sum(0)
+        return mean, np.sqrt(np.maximum(var, 0.0))
+
+
+def fit_residuals(x: np.ndarray, residual: np.ndarray, noise: np.ndarray) -> Residuals:
+    """Fit to observed kernel inputs `x`, log residuals and relative measurement noise."""
+    n = len(residual)
+    if not n:
+        return Residuals(x, np.zeros(0), np.zeros((0, 0)), 0.0, PRIOR_SD)
+    mean = float(residual.sum() / (n + 1))
+    sd = float(np.sqrt(((residual - mean) ** 2).sum() + PRIOR_WEIGHT * PRIOR_SD**2)
+               / np.sqrt(n + PRIOR_WEIGHT))
+    noise = np.maximum(noise, MIN_NOISE)
+    cov = sd**2 * _kernel(x, x) + np.diag(noise**2)
+    factor = np.linalg.cholesky(cov)
+    weights = np.linalg.solve(factor.T, np.linalg.solve(factor, residual - mean))
+    return Residuals(x, weights, factor, mean, sd)
