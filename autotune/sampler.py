@@ -25,9 +25,11 @@ from autotune.calibration import Measured
 from autotune.calibration import fit_constants
 from autotune.constants import Constants
 from autotune.estimate import evaluate
+from autotune.exceptions import AutotuneError
 from autotune.layout import SEARCH_DIMS
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
+from autotune.space import AUTO
 from autotune.space import SearchSpace
 from autotune.specs import AutotuneConfig
 
@@ -36,7 +38,12 @@ REFIT = ("gemm_efficiency", "comm_efficiency")
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
-    """The Optuna distribution of every dimension that has a choice."""
+    """The Optuna distribution of every dimension that has a choice (of a space whose `auto`
+    dimensions are resolved for the problem: `SearchSpace.resolved`)."""
+    unresolved = [dim for dim in SEARCH_DIMS if getattr(space, dim) == AUTO]
+    if unresolved:
+        raise AutotuneError(f"search space {space.name}: {', '.join(unresolved)} still 'auto'; "
+                            "resolve the space for the problem first (SearchSpace.resolved)")
     return {
         dim: CategoricalDistribution(list(getattr(space, dim)))
         for dim in SEARCH_DIMS

@@ -355,6 +355,7 @@ def tune(
     on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
 ) -> TuneResult:
     """Run (or resume) the study and render configs for the best layouts."""
+    space = space.resolved(cfg)  # the study chooses ep and etp among the model's values
     k = constants_for(cfg.cluster.gpu)
     enumeration = enumerate_layouts(cfg, space, k)
     if not len(enumeration):
