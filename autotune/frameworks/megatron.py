@@ -25,6 +25,7 @@ from autotune.frameworks.megatron_args import fsdp
 from autotune.frameworks.megatron_args import megatron_args
 from autotune.frameworks.megatron_args import needs_single_connection
 from autotune.frameworks.megatron_args import pipeline_split
+from autotune.frameworks.megatron_args import token_dispatcher
 from autotune.frameworks.megatron_args import uneven_edge_layers
 from autotune.frameworks.megatron_log import MegatronLog
 from autotune.layout import Layout
@@ -217,6 +218,11 @@ class Megatron(Framework):
         if fsdp(layout) and (layout.tp > 1 or layout.cp > 1):
             notes.append("Megatron-FSDP with tp/cp: CUDA_DEVICE_MAX_CONNECTIONS stays unset "
                          "(FSDP forbids 1); Megatron warns that tp/cp overlap less")
+        if cfg.model.moe:
+            notes.append(f"MoE: the experts run on an etp·ep·pp grid ({layout.etp}·{layout.ep}·"
+                         f"{layout.pp}) with the {token_dispatcher(layout)} token dispatcher; "
+                         "--moe-grouped-gemm needs Transformer Engine and a GPU of compute "
+                         "capability >= 8")
         if pipeline_split(cfg, layout)[1] is not None:
             notes.append("pipeline: layers do not divide over pp·vpp, so the first and last "
                          "stages hold fewer layers (--decoder-first/last-pipeline-num-layers)")

@@ -18,7 +18,12 @@ script asks for `--moe-grouped-gemm` (Transformer Engine's grouped GEMM, one ker
 local experts); Megatron-LM asserts compute capability >= 8 for it (arguments.py:1378), which
 every GPU preset has (A100 8.0, H100/H200 9.0). The megatron-core kwargs leave it off: without
 Transformer Engine the local layer spec would need the separate `grouped_gemm` package, so the
-built-in program runs the experts one after another (`SequentialMLP`).
+built-in program runs the experts one after another (`SequentialMLP`). No capacity factor is
+rendered: MoE layers run dropless, Megatron's default (a capacity factor would also need an
+aux-loss load balancing, transformer_config.py:1836). ep combines with cp: the expert grid
+(etp·ep·pp·edp) has no cp axis, so RankGenerator's "EP and CP both > 1" assertion, which is per
+grid, never fires (parallel_state.py:479), and with the default pp-last rank order the two grids
+share their pipeline groups (parallel_state.py:904).
 """
 
 from __future__ import annotations
