@@ -328,7 +328,8 @@ class MoEMLP(nn.Module):
         self.moe = MoE(spec.hidden_size, MLP(spec, spec.moe_ffn), num_experts=experts,
                        ep_size=ep, k=spec.moe_router_topk, drop_tokens=False, use_rts=False,
                        top2_2nd_expert_sampling=False)
-        # DeepSpeed copies one expert num_experts // ep times; give each its own weights
+        # DeepSpeed copies one expert num_experts // ep times; give each its own weights. An
+        # expert group is ep consecutive ranks (utils/groups.py _create_expert_and_data_parallel)
         local = self.moe.deepspeed_moe.experts.deepspeed_experts
         first = (dist.get_rank() % ep if dist.is_initialized() else 0) * len(local)
         for index, expert in enumerate(local):
@@ -364,9 +365,9 @@ class MoEPlan:
     """d(loss)/d(aux loss) (see MoEMLP)."""
 
 
-def _mlp(spec: ModelSpec, experts: MoEPlan, layer: int) -> nn.Module:
+def _mlp(spec: ModelSpec, moe: MoEPlan, layer: int) -> nn.Module:
     if spec.moe_layer_pattern[layer]:
-        return MoEMLP(spec, experts.ep, layer, experts.aux_scale)
+        return MoEMLP(spec, moe.ep, layer, moe.aux_scale)
     return MLP(spec)
 
 
@@ -375,12 +376,12 @@ class DecoderLayer(nn.Module):
     `layer` of a MoE model has a MoE MLP where the model's pattern says so."""
 
     def __init__(self, spec: ModelSpec, recompute: str, sp_group: Any, sp_rank: int,
-                 experts: MoEPlan = MoEPlan(), layer: int = 0) -> None:
+                 moe: MoEPlan = MoEPlan(), layer: int = 0) -> None:
         super().__init__()
         self.input_layernorm = _norm(spec)
         self.self_attn = Attention(spec, recompute == "selective", sp_group, sp_rank)
         self.post_attention_layernorm = _norm(spec)
-        self.mlp = _mlp(spec, experts, layer)
+        self.mlp = _mlp(spec, moe, layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x))
@@ -453,7 +454,7 @@ class Body(nn.Module):
     """``model.embed_tokens``, ``model.layers.N``, ``model.norm`` (Hugging Face Llama names)."""
 
     def __init__(self, spec: ModelSpec, recompute: str, sp_group: Any, sp_rank: int,
-                 experts: MoEPlan) -> None:
+                 moe: MoEPlan) -> None:
         super().__init__()
         # one seed per part, as PipelineModule(seed_layers=True) seeds its layers: the pipelined
         # model starts from the same weights
@@ -463,7 +464,7 @@ class Body(nn.Module):
         layers = []
         for index in range(spec.num_layers):
             torch.manual_seed(SEED + 1 + index)
-            layers.append(DecoderLayer(spec, recompute, sp_group, sp_rank, experts, index))
+            layers.append(DecoderLayer(spec, recompute, sp_group, sp_rank, moe, index))
         self.layers = nn.ModuleList(layers)
         self.norm = _norm(spec)
         self.full_recompute = recompute == "full"
@@ -482,9 +483,9 @@ class GPT(nn.Module):
     """The whole model for the plain engine: ``model`` (the body) and ``lm_head``."""
 
     def __init__(self, spec: ModelSpec, recompute: str, sp_group: Any, sp_rank: int,
-                 experts: MoEPlan) -> None:
+                 moe: MoEPlan) -> None:
         super().__init__()
-        self.model = Body(spec, recompute, sp_group, sp_rank, experts)
+        self.model = Body(spec, recompute, sp_group, sp_rank, moe)
         torch.manual_seed(SEED + 1 + spec.num_layers)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
@@ -509,13 +510,13 @@ def _tied_head(module: Embedding, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.embed_tokens.weight)
 
 
-def build_pipeline(spec: ModelSpec, plan: Plan, loss_fn: LossFn, experts: MoEPlan) -> nn.Module:
+def build_pipeline(spec: ModelSpec, plan: Plan, loss_fn: LossFn, moe: MoEPlan) -> nn.Module:
     """A ``PipelineModule`` of embedding, decoder layers and head, split evenly by layers."""
     from deepspeed.pipe import LayerSpec
     from deepspeed.pipe import PipelineModule
     from deepspeed.pipe import TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
-    blocks = [LayerSpec(DecoderLayer, spec, "none", None, 0, experts, index)
+    blocks = [LayerSpec(DecoderLayer, spec, "none", None, 0, moe, index)
               for index in range(spec.num_layers)]
     if spec.tied_embeddings:
         attr = "embed_tokens.weight"
@@ -623,14 +624,14 @@ def setup(spec: ModelSpec, plan: Plan, ds: dict[str, Any]) -> Trial:
     sp_group, cp_rank, mpu = _parallel_groups(lay)
     config = _engine_config(ds)
     loss_fn = LossFn(1.0 / lay.cp)
-    experts = MoEPlan(lay.ep, spec.moe_aux_loss_coeff / (plan.gas * lay.cp))
+    moe = MoEPlan(lay.ep, spec.moe_aux_loss_coeff / (plan.gas * lay.cp))
     if lay.pp > 1:
-        model = build_pipeline(spec, plan, loss_fn, experts)
+        model = build_pipeline(spec, plan, loss_fn, moe)
     elif lay.zero == 3:
         with deepspeed.zero.Init(config_dict_or_path=config, mpu=mpu):
-            model = GPT(spec, lay.recompute, sp_group, cp_rank, experts)
+            model = GPT(spec, lay.recompute, sp_group, cp_rank, moe)
     else:
-        model = GPT(spec, lay.recompute, sp_group, cp_rank, experts)
+        model = GPT(spec, lay.recompute, sp_group, cp_rank, moe)
     engine, *_ = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=config, mpu=mpu
     )
