@@ -18,12 +18,13 @@ OFFLOADS = ("none", "optimizer", "optimizer+params")
 """Offload choices, in code order (the table stores their index)."""
 RECOMPUTES = ("none", "selective", "full")
 """Activation recompute choices, in code order."""
-SEARCH_DIMS = ("tp", "pp", "cp", "vpp", "zero", "offload", "mbs", "recompute", "sp")
+SEARCH_DIMS = ("tp", "pp", "cp", "vpp", "zero", "offload", "mbs", "recompute", "sp", "ep", "etp")
 """The dimensions a search space chooses; dp and gas follow from them."""
 LIMIT_REASONS = {
     "tp": "the cluster's GPUs", "pp": "the cluster's GPUs", "cp": "the cluster's GPUs",
     "dp": "the cluster's GPUs", "mbs": "the global batch", "gas": "the global batch",
     "zero": "ZeRO stages are 0 to 3", "vpp": "a virtual stage holds one layer at least",
+    "ep": "the cluster's GPUs", "etp": "the cluster's GPUs",
 }
 """Why each --layout number has its upper bound."""
 
@@ -43,6 +44,13 @@ class Layout:
 
     world = tp·pp·cp·dp; global batch = mbs·dp·gas. `offload` is none, optimizer or
     optimizer+params; `recompute` none, selective or full; `sp` is Megatron's sequence parallelism.
+
+    The MoE layers of a Mixture-of-Experts model fold the same GPUs into a second grid (Megatron's
+    "MoE parallel folding"): world = etp·ep·pp·edp, where `ep` splits the routed experts and
+    `etp` splits each expert's matrices; the expert data-parallel degree edp follows. `etp` is
+    explicit (default 1, what Megatron-LM recommends for fine-grained experts): Megatron-LM's own
+    default, etp = tp when `--expert-tensor-parallel-size` is absent, is never relied on, since
+    rendered scripts always pass it. A dense model has ep = etp = 1 (the rules reject others).
     """
 
     tp: int = 1
@@ -56,6 +64,8 @@ class Layout:
     gas: int = 1
     recompute: str = "none"
     sp: bool = False
+    ep: int = 1
+    etp: int = 1
 
     @property
     def model_parallel(self) -> int:
@@ -78,27 +88,36 @@ class Layout:
         return self.gas
 
     @property
+    def moe_parallel(self) -> bool:
+        """Experts are split (ep or etp above 1)."""
+        return self.ep > 1 or self.etp > 1
+
+    @property
     def global_batch_size(self) -> int:
         """Sequences per optimizer step."""
         return self.mbs * self.dp * self.gas
 
     @property
     def text(self) -> str:
-        """The CLI form, e.g. `tp=8,pp=4,cp=1,vpp=1,zero=1,offload=none,mbs=1,...`."""
+        """The CLI form, e.g. `tp=8,pp=4,cp=1,vpp=1,zero=1,offload=none,mbs=1,...`; `ep` and
+        `etp` appear only when experts are split (so dense layouts read as they always did)."""
+        experts = f",ep={self.ep},etp={self.etp}" if self.moe_parallel else ""
         return (
             f"tp={self.tp},pp={self.pp},cp={self.cp},vpp={self.vpp},zero={self.zero},"
             f"offload={self.offload},mbs={self.mbs},recompute={self.recompute},"
-            f"sp={'on' if self.sp else 'off'}"
+            f"sp={'on' if self.sp else 'off'}{experts}"
         )
 
     @property
     def id(self) -> str:
-        """A short name usable in file names, unique per layout."""
+        """A short name usable in file names, unique per layout (`-ep2-etp1` appended only when
+        experts are split, so the ids of dense layouts, and of studies that hold them, stay)."""
         rc = {"none": "rn", "selective": "rs", "full": "rf"}[self.recompute]
         off = {"none": "", "optimizer": "-oo", "optimizer+params": "-op"}[self.offload]
+        experts = f"-ep{self.ep}-etp{self.etp}" if self.moe_parallel else ""
         return (
             f"tp{self.tp}-pp{self.pp}-dp{self.dp}-cp{self.cp}-v{self.vpp}-z{self.zero}{off}"
-            f"-mb{self.mbs}-{rc}{'-sp' if self.sp else ''}"
+            f"-mb{self.mbs}-{rc}{'-sp' if self.sp else ''}{experts}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -127,7 +146,8 @@ class Layout:
         return cls(dp=int(dp), gas=int(gas), **dims)
 
     def resized(self, gpus: int, mode: str, global_batch_size: int) -> Layout:
-        """This layout on `gpus` GPUs: tp, pp, cp and the rest fixed, dp = gpus / (tp·pp·cp).
+        """This layout on `gpus` GPUs: tp, pp, cp, ep, etp and the rest fixed,
+        dp = gpus / (tp·pp·cp) (the rules check that ep·etp·pp still divides the GPUs).
 
         `weak` keeps each replica's batch (mbs·gas), so the global batch grows with dp;
         `strong` keeps `global_batch_size`, so gas shrinks.
@@ -179,7 +199,7 @@ class Layout:
             values[key] = value.strip()
         limits = {"tp": world_size, "pp": world_size, "cp": world_size, "dp": world_size,
                   "mbs": global_batch_size, "gas": global_batch_size, "zero": 3,
-                  "vpp": MAX_LAYERS}
+                  "vpp": MAX_LAYERS, "ep": world_size, "etp": world_size}
 
         def integer(key: str, default: int) -> int:
             raw = values.get(key)
@@ -247,6 +267,8 @@ class Layout:
             mbs=mbs,
             recompute=choice("recompute", RECOMPUTES, "none"),
             sp=sp in ("on", "true", "1"),
+            ep=integer("ep", 1),
+            etp=integer("etp", 1),
         )
 
 
@@ -258,7 +280,7 @@ def derive_dp_gas(world_size: int, global_batch_size: int, model_parallel: Any, 
     return dp, gas
 
 
-_INT_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "zero", "mbs", "gas")
+_INT_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "zero", "mbs", "gas", "ep", "etp")
 
 
 @dataclasses.dataclass(slots=True)
@@ -279,6 +301,8 @@ class LayoutTable:
     gas: np.ndarray
     recompute: np.ndarray
     sp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -297,6 +321,11 @@ class LayoutTable:
     def micro_batches(self) -> np.ndarray:
         """Micro-batches each replica runs per optimizer step (at least 1)."""
         return np.maximum(self.gas, 1)
+
+    @property
+    def expert_grid(self) -> np.ndarray:
+        """GPUs of one expert replica: etp·ep·pp (the world must be a multiple)."""
+        return self.etp * self.ep * self.pp
 
     @classmethod
     def from_layouts(cls, layouts: Iterable[Layout]) -> LayoutTable:

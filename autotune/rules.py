@@ -111,5 +111,6 @@ def apply_rules(
             continue
         broken = r.check(cfg, table, k)
         removed[r.name] = int(np.count_nonzero(broken))
-        table = table.take(~broken)
+        if removed[r.name]:
+            table = table.take(~broken)
     return table, removed

@@ -26,11 +26,13 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
+from autotune.exceptions import AutotuneError
 from autotune.layout import SEARCH_DIMS
 from autotune.layout import Layout
 from autotune.proposal import Outcome
 from autotune.proposal import Proposer
 from autotune.records import step_time_spread
+from autotune.space import AUTO
 from autotune.space import SearchSpace
 from autotune.specs import AutotuneConfig
 
@@ -40,7 +42,12 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
-    """The Optuna distribution of every dimension that has a choice."""
+    """The Optuna distribution of every dimension that has a choice (of a space whose `auto`
+    dimensions are resolved for the problem: `SearchSpace.resolved`)."""
+    unresolved = [dim for dim in SEARCH_DIMS if getattr(space, dim) == AUTO]
+    if unresolved:
+        raise AutotuneError(f"search space {space.name}: {', '.join(unresolved)} still 'auto'; "
+                            "resolve the space for the problem first (SearchSpace.resolved)")
     return {
         dim: CategoricalDistribution(list(getattr(space, dim)))
         for dim in SEARCH_DIMS
@@ -170,7 +177,7 @@ class ModelGuidedSampler(BaseSampler):
                 study._storage.set_trial_user_attr(trial._trial_id, "warm_start", len(done) + 1)
             if proposal.memory.limit_bytes != self._limit:
                 self._limit = proposal.memory.limit_bytes
-                log.info("memory: %s", proposal.memory.describe())
+                log.debug("memory: %s", proposal.memory.describe())
         return layout_params(proposal.layout, self._space)
 
     def sample_independent(

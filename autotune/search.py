@@ -352,6 +352,7 @@ def tune(
     """Run (or resume) the study and render configs for the best layouts."""
     if options.repeat < 1:
         raise AutotuneError(f"--repeat: {options.repeat} runs per layout; give 1 or more")
+    space = space.resolved(cfg)  # the study chooses ep and etp among the model's values
     k = constants_for(cfg.cluster.gpu)
     enumeration = enumerate_layouts(cfg, space, k)
     if not len(enumeration):

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Annotated
 from typing import Any
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel
@@ -24,7 +25,6 @@ from autotune.inputs import read_structured
 from autotune.inputs import validation_message
 from autotune.layout import OFFLOADS
 from autotune.layout import RECOMPUTES
-from autotune.layout import SEARCH_DIMS
 from autotune.layout import LayoutTable
 from autotune.layout import derive_dp_gas
 from autotune.resources import resource_dir
@@ -38,9 +38,16 @@ from autotune.specs import at_most
 Degree = Annotated[Integer, Field(ge=1), at_most(2**20, "a million GPUs, beyond any cluster")]
 """A parallel degree of a search space."""
 
+AUTO = "auto"
+"""A dimension whose candidates follow from the model and cluster (ep and etp)."""
+
 
 class SearchSpace(BaseModel):
-    """Candidate values of each layout dimension (dp and gas are derived, never listed)."""
+    """Candidate values of each layout dimension (dp and gas are derived, never listed).
+
+    ep and etp may be `auto` (the default): their candidates then follow from the model and
+    each candidate's pipeline degree instead of being multiplied out (`candidates`).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -64,6 +71,12 @@ class SearchSpace(BaseModel):
     """Activation recompute: none, selective, full."""
     sp: list[StrictBool] = Field(default=[True, False], min_length=1)
     """Megatron sequence parallelism on/off."""
+    ep: list[Degree] | Literal["auto"] = Field(default=AUTO, min_length=1)
+    """Expert-parallel degrees. auto: every divisor of the model's num_experts that divides the
+    candidate's expert data-parallel grid world / (pp·etp); 1 for a dense model."""
+    etp: list[Degree] | Literal["auto"] = Field(default=AUTO, min_length=1)
+    """Expert tensor-parallel degrees. auto: 1 and the candidate's tp for a MoE model (the
+    MoE guide's recommendation and Megatron-LM's default); 1 for a dense model."""
 
     def model_post_init(self, _: Any) -> None:
         if any(z not in (0, 1, 2, 3) for z in self.zero):
@@ -73,11 +86,17 @@ class SearchSpace(BaseModel):
             if bad:
                 raise ValueError(f"{dim}: {bad} not among {', '.join(options)}")
 
-    @property
-    def size(self) -> int:
-        """Candidates before any rule."""
-        return int(np.prod([len(getattr(self, d)) for d in SEARCH_DIMS]))
-
+    def resolved(self, cfg: AutotuneConfig) -> SearchSpace:
+        """This space with every `auto` dimension listed for the problem: all the values its
+        candidates can take (what an Optuna study chooses from)."""
+        moe = cfg.model.moe
+        experts = cfg.model.num_experts or 1
+        ep = [d for d in range(1, experts + 1) if experts % d == 0 and cfg.world_size % d == 0]
+        etp = sorted({1, *self.tp}) if moe else [1]
+        return self.model_copy(update={
+            "ep": ep if self.ep == AUTO else self.ep,
+            "etp": etp if self.etp == AUTO else self.etp,
+        })
 
 
 
@@ -110,8 +129,43 @@ def load_space(ref: str | None, framework: str) -> SearchSpace:
         raise AutotuneError(f"--space {path}: {error}") from None
 
 
+def _cross(
+    columns: dict[str, np.ndarray], choices: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Every row of `columns` once per choice: `choices` maps new column names to matrices of
+    rows × choices; a choice holding a 0 is left out (rows with fewer choices)."""
+    stacked = np.stack(list(choices.values()))
+    rows, width = stacked.shape[1:]
+    keep = np.all(stacked > 0, axis=0).ravel()
+    index = np.repeat(np.arange(rows), width)[keep]
+    out = {key: column[index] for key, column in columns.items()}
+    out.update({name: values.ravel()[keep] for name, values in choices.items()})
+    return out
+
+
+def _expert_columns(
+    cfg: AutotuneConfig, space: SearchSpace, columns: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Add etp and ep: listed values multiply every row; `auto` gives each row its own."""
+    tp, n = columns["tp"], len(columns["tp"])
+    resolved = space.resolved(cfg)
+    if space.etp != AUTO or not cfg.model.moe:
+        etp = np.tile(np.array(resolved.etp, dtype=np.int64), (n, 1))
+    else:  # 1, and tp where tp > 1
+        etp = np.stack([np.ones(n, dtype=np.int64), np.where(tp > 1, tp, 0)], axis=1)
+    ep_values = np.array(resolved.ep, dtype=np.int64)
+    # every (etp, ep) pair of a row: etp choice j, ep value i at column j·len(ep) + i
+    etp_pairs = np.repeat(etp, len(ep_values), axis=1)
+    ep_pairs = np.tile(ep_values, (n, etp.shape[1]))
+    if space.ep == AUTO:  # only the ep that divide the expert data-parallel grid
+        grid = np.maximum(columns["pp"][:, None] * etp_pairs * ep_pairs, 1)
+        ep_pairs = np.where(cfg.world_size % grid == 0, ep_pairs, 0)
+    return _cross(columns, {"etp": etp_pairs, "ep": ep_pairs})
+
+
 def candidates(cfg: AutotuneConfig, space: SearchSpace) -> LayoutTable:
-    """The full cartesian product of the space, with dp and gas derived (0 where impossible)."""
+    """The cartesian product of the space (ep and etp per row where `auto`), with dp and gas
+    derived (0 where impossible)."""
     grids = np.meshgrid(
         np.array(space.tp),
         np.array(space.pp),
@@ -128,20 +182,14 @@ def candidates(cfg: AutotuneConfig, space: SearchSpace) -> LayoutTable:
     tp, pp, cp, vpp, zero, offload, mbs = (
         a.astype(np.int64) for a in (tp, pp, cp, vpp, zero, offload, mbs)
     )
-    dp, gas = derive_dp_gas(cfg.world_size, cfg.train.global_batch_size, tp * pp * cp, mbs)
-    return LayoutTable(
-        tp=tp,
-        pp=pp,
-        dp=dp,
-        cp=cp,
-        vpp=vpp,
-        zero=zero,
-        offload=offload,
-        mbs=mbs,
-        gas=gas,
-        recompute=recompute.astype(np.int64),
-        sp=sp,
-    )
+    columns = _expert_columns(cfg, space, {
+        "tp": tp, "pp": pp, "cp": cp, "vpp": vpp, "zero": zero, "offload": offload, "mbs": mbs,
+        "recompute": recompute.astype(np.int64), "sp": sp,
+    })
+    product = columns["tp"] * columns["pp"] * columns["cp"]
+    columns["dp"], columns["gas"] = derive_dp_gas(
+        cfg.world_size, cfg.train.global_batch_size, product, columns["mbs"])
+    return LayoutTable(**columns)
 
 
 @dataclasses.dataclass(slots=True)

@@ -36,6 +36,7 @@ class RuleGroup(enum.IntEnum):
     TENSOR = 1
     PIPELINE = 2
     CONTEXT = 3
+    EXPERT = 4
     ZERO = 5
     WORKLOAD = 8
     MEMORY = 9

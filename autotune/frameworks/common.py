@@ -1,12 +1,20 @@
-"""Rules every framework shares: the grid, the batch, tensor-parallel shapes, pipeline splits.
+"""Rules every framework shares: the grid, the batch, tensor-parallel shapes, pipeline splits,
+and the expert grid of Mixture-of-Experts models.
 
 Sources: Megatron-LM `megatron/training/arguments.py` (grid: world % (tp·pp·cp) == 0; batch:
 `num_microbatches_calculator.py`, gbs % (mbs·dp) == 0; heads % tp, `transformer_config.py`),
 DeepSpeed 0.19 (`runtime/config.py`: train_batch_size = micro · gas · dp; AutoTP shards
-q/k/v/gate/up by rows). Framework-specific rules live beside each framework.
+q/k/v/gate/up by rows). Experts (NVIDIA/Megatron-LM at d98e8a64 and DeepSpeed 0.19.8): the
+expert grid world = etp·ep·pp·edp (megatron/core/parallel_state.py:880-884,
+`initialize_model_parallel`; DeepSpeed utils/groups.py:417 splits world/pp into ep groups),
+experts % ep (megatron/training/arguments.py:1657, megatron/core/transformer/moe/moe_layer.py:186;
+deepspeed/moe/layer.py:59), expert parallelism only with experts (arguments.py:1656,
+transformer_config.py:1595). Framework-specific rules live beside each framework.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 import autotune.frameworks as frameworks
 from autotune.frameworks.base import Rule
@@ -110,3 +118,57 @@ def _layers(cfg, t, k):
 )
 def _offload_zero(cfg, t, k):
     return (t.offload >= 1) & (t.zero == 0)
+
+
+@rule(
+    COMMON_RULES,
+    "expert_parallel_needs_experts",
+    "{m.name} is dense: with no experts to split, ep ({l.ep}) and etp ({l.etp}) must be 1",
+    RuleGroup.EXPERT,
+)
+def _dense_experts(cfg, t, k):
+    if cfg.model.moe:
+        return np.zeros(len(t), dtype=bool)
+    return (t.ep > 1) | (t.etp > 1)
+
+
+@rule(
+    COMMON_RULES,
+    "experts_divisible_by_ep",
+    "num_experts ({m.num_experts}) must be divisible by ep ({l.ep}): each expert-parallel rank "
+    "holds the same number of experts",
+    RuleGroup.EXPERT,
+)
+def _experts_ep(cfg, t, k):
+    return cfg.model.moe & ((cfg.model.num_experts or 1) % t.ep != 0)
+
+
+@rule(
+    COMMON_RULES,
+    "world_divisible_by_expert_grid",
+    "the MoE layers fold the world into etp·ep·pp·edp: etp·ep·pp = {l.etp}·{l.ep}·{l.pp} must "
+    "divide the {world} GPUs",
+    RuleGroup.EXPERT,
+)
+def _expert_grid(cfg, t, k):
+    return cfg.world_size % t.expert_grid != 0
+
+
+@rule(
+    COMMON_RULES,
+    "etp_within_node",
+    "expert tensor parallelism needs NVLink: etp={l.etp} must divide the {gpn} GPUs of one node",
+    RuleGroup.EXPERT,
+)
+def _etp_node(cfg, t, k):
+    return cfg.cluster.gpus_per_node % t.etp != 0
+
+
+@rule(
+    COMMON_RULES,
+    "moe_ffn_divisible_by_etp",
+    "expert width moe_ffn_hidden_size ({m.moe_ffn}) must be divisible by etp ({l.etp})",
+    RuleGroup.EXPERT,
+)
+def _moe_ffn(cfg, t, k):
+    return cfg.model.moe_ffn % t.etp != 0

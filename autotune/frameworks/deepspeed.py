@@ -2,9 +2,12 @@
 
 Rules were found by training each combination for real with DeepSpeed 0.19 (see the built-in
 trial program `autotune.workloads.deepspeed_gpt`) and read off `deepspeed/runtime/engine.py`,
-`runtime/pipe/engine.py` and `runtime/zero/`. Memory: DeepSpeed's own estimators
-(`estimate_zero2/3_model_states_mem_needs`: 2 B of 16-bit weights plus 18 B/param of 16-bit and
-fp32 gradients, fp32 master weights and Adam moments) and its bucket buffers. Artifacts:
+`runtime/pipe/engine.py`, `runtime/zero/` and `moe/` (0.19.8). Mixture-of-Experts layers are
+`deepspeed.moe.layer.MoE(ep_size=ep)`: they train with ZeRO 0-2, pipelines and AutoTP (on
+GPUs), not with ZeRO-3 or Ulysses, and never split an expert's matrices (etp = 1). Memory:
+DeepSpeed's own estimators (`estimate_zero2/3_model_states_mem_needs`: 2 B of 16-bit weights
+plus 18 B/param of 16-bit and fp32 gradients, fp32 master weights and Adam moments) and its
+bucket buffers. Artifacts:
 ds_config.json (keys DeepSpeed 0.19 reads: `runtime/config.py`, `runtime/zero/config.py`,
 `runtime/precision_config.py`, `runtime/tensor_parallel/config.py`; unknown top-level keys would
 be ignored silently), launch_deepspeed.sh, hostfile and sbatch.sh.
@@ -95,6 +98,32 @@ def _ds_tp_cp(cfg, t, k):
       RuleGroup.ZERO)
 def _ds_zero_pp(cfg, t, k):
     return (t.zero >= 2) & (t.pp > 1)
+
+
+@rule(DEEPSPEED_RULES, "deepspeed_moe_without_ulysses",
+      "DeepSpeed's MoE layer reads the Ulysses group as tensor parallel "
+      "(parallel_state_sp.get_model_parallel_world_size) and drops tokens it takes for "
+      "duplicates (moe/sharded_moe.py:686), mixing up the cp ranks' different tokens: a MoE "
+      "model needs cp=1 (cp={l.cp})",
+      RuleGroup.EXPERT)
+def _ds_moe_cp(cfg, t, k):
+    return cfg.model.moe & (t.cp > 1)
+
+
+@rule(DEEPSPEED_RULES, "deepspeed_no_expert_tensor_parallel",
+      "DeepSpeed's MoE layer keeps each expert whole on its rank (tensor-sliced experts need "
+      "Megatron-DeepSpeed's own parallel layers): etp must be 1, not {l.etp}",
+      RuleGroup.EXPERT)
+def _ds_etp(cfg, t, k):
+    return t.etp > 1
+
+
+@rule(DEEPSPEED_RULES, "deepspeed_moe_without_zero3",
+      "DeepSpeed: 'Native DeepSpeed MoE is not supported with ZeRO Stage 3' "
+      "(runtime/engine.py:2215): a MoE model needs zero <= 2",
+      RuleGroup.ZERO)
+def _ds_moe_zero3(cfg, t, k):
+    return cfg.model.moe & (t.zero == 3)
 
 
 @rule(DEEPSPEED_RULES, "param_offload_needs_zero3",
@@ -230,6 +259,11 @@ class DeepSpeed(Framework):
         if layout.pp > 1:
             notes.append(f"pp: build deepspeed.pipe.PipelineModule(num_stages={layout.pp}, "
                          "partition_method='uniform') and train with engine.train_batch()")
+        if cfg.model.moe:
+            notes.append("MoE: build each MoE MLP as deepspeed.moe.layer.MoE(hidden_size, expert, "
+                         f"num_experts={cfg.model.num_experts}, ep_size={layout.ep}, "
+                         f"k={cfg.model.moe_router_topk}); DeepSpeed groups ep consecutive ranks "
+                         "and splits the optimizer's MoE parameter groups itself")
         if layout.recompute == "full" and layout.pp == 1:
             notes.append("recompute=full: checkpoint every decoder layer in the model code "
                          "(deepspeed.checkpointing.checkpoint or torch.utils.checkpoint)")

@@ -1,7 +1,7 @@
 """Megatron-LM / megatron-core: its rules, model terms and artifacts.
 
-Rules: Megatron-LM `megatron/training/arguments.py` and megatron-core
-`transformer_config.py` (NVIDIA/Megatron-LM at d98e8a64). Memory: Megatron-LM
+Rules: Megatron-LM `megatron/training/arguments.py`, megatron-core `transformer_config.py` and
+`transformer/moe/` (NVIDIA/Megatron-LM at d98e8a64). Memory: Megatron-LM
 `theoretical_memory_usage.py` (fp32 main gradients, 18 B/param, 6 + 12/d with the distributed
 optimizer). Artifacts: `pretrain_gpt.sh` (torchrun of the user's checkout's `pretrain_gpt.py`) and
 `sbatch.sh`; the flags come from `autotune.frameworks.megatron_args`.
@@ -25,6 +25,7 @@ from autotune.frameworks.megatron_args import fsdp
 from autotune.frameworks.megatron_args import megatron_args
 from autotune.frameworks.megatron_args import needs_single_connection
 from autotune.frameworks.megatron_args import pipeline_split
+from autotune.frameworks.megatron_args import token_dispatcher
 from autotune.frameworks.megatron_args import uneven_edge_layers
 from autotune.frameworks.megatron_log import MegatronLog
 from autotune.layout import Layout
@@ -73,6 +74,23 @@ def _interleave_m(cfg, t, k):
       RuleGroup.CONTEXT)
 def _seq_cp(cfg, t, k):
     return (t.cp > 1) & (cfg.train.seq_length % (2 * t.cp) != 0)
+
+
+@rule(MEGATRON_RULES, "moe_tp_needs_sp",
+      "MoE layers refuse to train with tensor parallelism (tp={l.tp}) but without sequence "
+      "parallelism (megatron/core/transformer/moe/moe_layer.py:636): sp must be on",
+      RuleGroup.EXPERT)
+def _moe_sp(cfg, t, k):
+    return cfg.model.moe & (t.tp > 1) & ~t.sp
+
+
+@rule(MEGATRON_RULES, "moe_bias_needs_etp1",
+      "megatron-core supports biases in MoE layers only with etp=1 "
+      "(transformer_config.py:2612), not etp={l.etp}",
+      RuleGroup.EXPERT)
+def _moe_bias(cfg, t, k):
+    m = cfg.model
+    return (m.moe and m.add_bias_linear) & (t.etp > 1)
 
 
 @rule(MEGATRON_RULES, "megatron_no_param_offload",
@@ -131,8 +149,11 @@ class Megatron(Framework):
         first, middle, last = (np.zeros(n, dtype=np.int64) for _ in range(3))
         uneven = np.zeros(n, dtype=bool)
         legal = np.zeros(n, dtype=bool)
-        for p, v in {(int(a), int(b)) for a, b in zip(pp, vpp, strict=True)}:
-            rows = (pp == p) & (vpp == v)
+        width = int(vpp.max(initial=0)) + 1
+        keys = pp * width + vpp  # one per (pp, vpp) pair; bincount finds those present
+        for key in np.flatnonzero(np.bincount(keys)).tolist():
+            p, v = divmod(key, width)
+            rows = keys == key
             if p > num_layers:
                 continue
             if num_layers % (p * v) == 0:
@@ -200,6 +221,11 @@ class Megatron(Framework):
         if fsdp(layout) and (layout.tp > 1 or layout.cp > 1):
             notes.append("Megatron-FSDP with tp/cp: CUDA_DEVICE_MAX_CONNECTIONS stays unset "
                          "(FSDP forbids 1); Megatron warns that tp/cp overlap less")
+        if cfg.model.moe:
+            notes.append(f"MoE: the experts run on an etp·ep·pp grid ({layout.etp}·{layout.ep}·"
+                         f"{layout.pp}) with the {token_dispatcher(layout)} token dispatcher; "
+                         "--moe-grouped-gemm needs Transformer Engine and a GPU of compute "
+                         "capability >= 8")
         if pipeline_split(cfg, layout)[1] is not None:
             notes.append("pipeline: layers do not divide over pp·vpp, so the first and last "
                          "stages hold fewer layers (--decoder-first/last-pipeline-num-layers)")

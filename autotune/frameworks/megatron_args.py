@@ -11,6 +11,19 @@ Megatron-LM at d98e8a64); the layouts reaching these functions passed the Megatr
 ZeRO stages map to Megatron as: 0 DDP, 1 distributed optimizer, 2 Megatron-FSDP
 `optim_grads`, 3 Megatron-FSDP `optim_grads_params`. Optimizer offload needs the distributed
 optimizer and the precision-aware optimizer; Megatron has no parameter offload.
+
+Mixture-of-Experts layouts always pass ep and etp (`--expert-tensor-parallel-size` defaults to
+tp when absent, arguments.py:587) and choose the token dispatcher (`token_dispatcher`). The
+script asks for `--moe-grouped-gemm` (Transformer Engine's grouped GEMM, one kernel for all
+local experts); Megatron-LM asserts compute capability >= 8 for it (arguments.py:1378), which
+every GPU preset has (A100 8.0, H100/H200 9.0). The megatron-core kwargs leave it off: without
+Transformer Engine the local layer spec would need the separate `grouped_gemm` package, so the
+built-in program runs the experts one after another (`SequentialMLP`). No capacity factor is
+rendered: MoE layers run dropless, Megatron's default (a capacity factor would also need an
+aux-loss load balancing, transformer_config.py:1836). ep combines with cp: the expert grid
+(etp·ep·pp·edp) has no cp axis, so RankGenerator's "EP and CP both > 1" assertion, which is per
+grid, never fires (parallel_state.py:479), and with the default pp-last rank order the two grids
+share their pipeline groups (parallel_state.py:904).
 """
 
 from __future__ import annotations
@@ -84,6 +97,26 @@ def _number(value: float) -> str:
     return str(value)
 
 
+def token_dispatcher(layout: Layout) -> str:
+    """`--moe-token-dispatcher-type` of a MoE layout: alltoall when experts are spread over
+    expert-parallel ranks (ep > 1), allgather otherwise.
+
+    Megatron's MoE guide (megatron/core/transformer/moe/README.md, "Token dispatcher") names
+    alltoall for EP > 1 and allgather for tensor-parallel-only setups; `flex` needs DeepEP or
+    HybridEP installed and is never chosen.
+    """
+    return "alltoall" if layout.ep > 1 else "allgather"
+
+
+def _expert_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
+    if not cfg.model.moe:
+        return []
+    return ["--expert-model-parallel-size", str(layout.ep),
+            "--expert-tensor-parallel-size", str(layout.etp),
+            "--moe-token-dispatcher-type", token_dispatcher(layout),
+            "--moe-grouped-gemm"]
+
+
 def _parallel_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
     args = [
         "--tensor-model-parallel-size", str(layout.tp),
@@ -101,7 +134,7 @@ def _parallel_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
                  "--decoder-last-pipeline-num-layers", str(edge)]
     if layout.sp:
         args.append("--sequence-parallel")
-    return args
+    return args + _expert_args(cfg, layout)
 
 
 def _data_parallel_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
@@ -187,8 +220,10 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
     """Keyword arguments of megatron-core's `TransformerConfig` for this layout.
 
     Mirrors `megatron_args` (and Megatron-LM's `core_transformer_config_from_args`): the model's
-    architecture (`autotune.frameworks.megatron_model`), tp/pp/vpp/cp/sp, uneven first/last
-    stages, precision and recompute. Builds on CPU without torch.distributed.
+    architecture (`autotune.frameworks.megatron_model`), tp/pp/vpp/cp/sp, ep/etp and the token
+    dispatcher of MoE models (no grouped GEMM: see the module docstring), uneven first/last
+    stages, precision and recompute. Builds on CPU without torch.distributed. The expert
+    degrees also go to `parallel_state.initialize_model_parallel` (`parallel_state_kwargs`).
     """
     precision = cfg.train.precision
     dtype = _dtype(cfg)
@@ -205,6 +240,9 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
         "params_dtype": dtype,
         "pipeline_dtype": dtype if layout.pp > 1 else None,
     }
+    if cfg.model.moe:
+        kwargs.update(expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.etp,
+                      moe_token_dispatcher_type=token_dispatcher(layout))
     if precision == "fp8":
         kwargs["fp8"] = "hybrid"
     if edge is not None:
@@ -216,6 +254,20 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
         kwargs["recompute_method"] = "uniform"
         kwargs["recompute_num_layers"] = 1
     return kwargs
+
+
+def parallel_state_kwargs(layout: Layout) -> dict[str, Any]:
+    """Keyword arguments of megatron-core's `parallel_state.initialize_model_parallel`: the
+    dense grid (tp, pp, vpp, cp) and the expert grid (ep, etp), as Megatron-LM's
+    `_initialize_distributed` passes them (megatron/training/initialize.py)."""
+    return {
+        "tensor_model_parallel_size": layout.tp,
+        "pipeline_model_parallel_size": layout.pp,
+        "virtual_pipeline_model_parallel_size": layout.vpp if layout.vpp > 1 else None,
+        "context_parallel_size": layout.cp,
+        "expert_model_parallel_size": layout.ep,
+        "expert_tensor_parallel_size": layout.etp,
+    }
 
 
 def ddp_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:

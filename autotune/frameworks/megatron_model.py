@@ -169,7 +169,6 @@ def _moe_args(m: ModelSpec) -> list[str]:
             "--moe-router-topk", str(m.moe_router_topk),
             "--moe-ffn-hidden-size", str(m.moe_ffn),
             "--moe-layer-freq", _moe_layer_freq_flag(m),
-            "--moe-grouped-gemm",
             "--moe-router-score-function", m.moe_router_score_function,
             "--moe-router-load-balancing-type", m.moe_router_load_balancing_type,
             "--moe-aux-loss-coeff", _number(m.moe_aux_loss_coeff)]

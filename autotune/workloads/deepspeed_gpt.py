@@ -13,6 +13,10 @@ recompute); the model shape comes from ``--model``. The dimensions map onto Deep
 - pp: ``deepspeed.pipe.PipelineModule`` trained with ``engine.train_batch`` (ZeRO <= 1);
 - tp: AutoTP training (``tensor_parallel.autotp_size``; Llama module names, ``preset_model``);
 - cp: Ulysses ``deepspeed.sequence.layer.DistributedAttention`` with ``parallel_state_sp``;
+- ep: the MoE layers of a Mixture-of-Experts model are ``deepspeed.moe.layer.MoE`` with
+  ``ep_size=ep`` (top-k softmax gating, dropless, no random token selection; the router's
+  auxiliary loss reaches the gradients as Megatron's ``MoEAuxLossAutoScaler`` does, so the
+  reported loss is the language-model loss); shared experts are a dense MLP beside them;
 - recompute: ``full`` checkpoints every decoder layer, ``selective`` the core attention.
 
 Rank 0 prints one JSON line per step and a final summary line to stdout (and appends them to
@@ -190,6 +194,15 @@ def _fp16_on_cpu(cfg, t, k):
     return np.full(len(t), cfg.train.precision == "fp16" and not torch.cuda.is_available())
 
 
+@rule(LIMITS, "deepspeed_gpt_moe_tp_needs_nccl",
+      "DeepSpeed's MoE layer gathers expert outputs over AutoTP ranks into a flat buffer "
+      "(deepspeed/moe/mappings.py:40), which gloo's all_gather_into_tensor refuses: a MoE model "
+      "with tp={l.tp} trains on GPUs (NCCL) only",
+      RuleGroup.WORKLOAD)
+def _moe_tp_on_cpu(cfg, t, k):
+    return cfg.model.moe & (t.tp > 1) & (not torch.cuda.is_available())
+
+
 # --- the model -------------------------------------------------------------------------------
 
 
@@ -265,11 +278,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU (gate_proj, up_proj, down_proj) or GELU (up_proj, down_proj)."""
+    """SwiGLU (gate_proj, up_proj, down_proj) or GELU (up_proj, down_proj) of width `width`
+    (the model's ffn by default)."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, width: int | None = None) -> None:
         super().__init__()
-        h, f, bias = spec.hidden_size, spec.ffn, spec.add_bias_linear
+        h, f, bias = spec.hidden_size, width or spec.ffn, spec.add_bias_linear
         self.gate_proj = nn.Linear(h, f, bias=bias) if spec.gated else None
         self.up_proj = nn.Linear(h, f, bias=bias)
         self.down_proj = nn.Linear(f, h, bias=bias)
@@ -280,15 +294,94 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm transformer layer (Llama naming, so AutoTP's llama preset matches it)."""
+class _AuxLossGradient(torch.autograd.Function):
+    """Identity on the activations whose backward also sends `scale` into the router's
+    auxiliary loss (Megatron's MoEAuxLossAutoScaler): the loss trains the router without being
+    part of the reported loss, and it crosses pipeline stages inside the activations."""
 
-    def __init__(self, spec: ModelSpec, recompute: str, sp_group: Any, sp_rank: int) -> None:
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(aux)
+        ctx.scale = scale
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        (aux,) = ctx.saved_tensors
+        return grad, torch.full_like(aux, ctx.scale), None
+
+
+class MoEMLP(nn.Module):
+    """A Mixture-of-Experts MLP: DeepSpeed's MoE over the routed experts (``ep_size`` ranks share
+    them) plus the shared experts every token uses (a dense MLP, optionally sigmoid-gated).
+
+    Expert e starts from seed SEED + 1000·(layer + 1) + e whatever the rank holding it, so every
+    ep trains the same model. `aux_scale` is d(loss)/d(aux loss): the coefficient over the
+    micro-batches and Ulysses ranks the language-model loss is averaged over.
+    """
+
+    def __init__(self, spec: ModelSpec, ep: int, layer: int, aux_scale: float) -> None:
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+
+        experts = spec.num_experts or 1
+        self.moe = MoE(spec.hidden_size, MLP(spec, spec.moe_ffn), num_experts=experts,
+                       ep_size=ep, k=spec.moe_router_topk, drop_tokens=False, use_rts=False,
+                       top2_2nd_expert_sampling=False)
+        # DeepSpeed copies one expert num_experts // ep times; give each its own weights. An
+        # expert group is ep consecutive ranks (utils/groups.py _create_expert_and_data_parallel)
+        local = self.moe.deepspeed_moe.experts.deepspeed_experts
+        first = (dist.get_rank() % ep if dist.is_initialized() else 0) * len(local)
+        for index, expert in enumerate(local):
+            torch.manual_seed(SEED + 1000 * (layer + 1) + first + index)
+            for module in expert.modules():
+                if isinstance(module, nn.Linear):
+                    module.reset_parameters()
+        shared = spec.moe_shared_expert_intermediate_size
+        self.shared = MLP(spec, shared) if shared else None
+        self.shared_gate = (nn.Linear(spec.hidden_size, 1, bias=False)
+                            if spec.moe_shared_expert_gate else None)
+        self.aux_scale = aux_scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, aux, _counts = self.moe(x)
+        if torch.is_grad_enabled() and self.aux_scale:
+            out = _AuxLossGradient.apply(out, aux, self.aux_scale)
+        if self.shared is None:
+            return out
+        shared = self.shared(x)
+        if self.shared_gate is not None:
+            shared = torch.sigmoid(self.shared_gate(x)) * shared
+        return out + shared
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MoEPlan:
+    """How a decoder layer builds a MoE MLP: expert-parallel ranks and the aux-loss gradient."""
+
+    ep: int = 1
+    """Ranks the routed experts are spread over."""
+    aux_scale: float = 0.0
+    """d(loss)/d(aux loss) (see MoEMLP)."""
+
+
+def _mlp(spec: ModelSpec, moe: MoEPlan, layer: int) -> nn.Module:
+    if spec.moe_layer_pattern[layer]:
+        return MoEMLP(spec, moe.ep, layer, moe.aux_scale)
+    return MLP(spec)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer layer (Llama naming, so AutoTP's llama preset matches it); layer
+    `layer` of a MoE model has a MoE MLP where the model's pattern says so."""
+
+    def __init__(self, spec: ModelSpec, recompute: str, sp_group: Any, sp_rank: int,
+                 moe: MoEPlan = MoEPlan(), layer: int = 0) -> None:
         super().__init__()
         self.input_layernorm = _norm(spec)
         self.self_attn = Attention(spec, recompute == "selective", sp_group, sp_rank)
         self.post_attention_layernorm = _norm(spec)
-        self.mlp = MLP(spec)
+        self.mlp = _mlp(spec, moe, layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x))
@@ -360,7 +453,8 @@ class FinalNorm(nn.Module):
 class Body(nn.Module):
     """``model.embed_tokens``, ``model.layers.N``, ``model.norm`` (Hugging Face Llama names)."""
 
-    def __init__(self, spec: ModelSpec, recompute: str, sp_group: Any, sp_rank: int) -> None:
+    def __init__(self, spec: ModelSpec, recompute: str, sp_group: Any, sp_rank: int,
+                 moe: MoEPlan) -> None:
         super().__init__()
         # one seed per part, as PipelineModule(seed_layers=True) seeds its layers: the pipelined
         # model starts from the same weights
@@ -370,7 +464,7 @@ class Body(nn.Module):
         layers = []
         for index in range(spec.num_layers):
             torch.manual_seed(SEED + 1 + index)
-            layers.append(DecoderLayer(spec, recompute, sp_group, sp_rank))
+            layers.append(DecoderLayer(spec, recompute, sp_group, sp_rank, moe, index))
         self.layers = nn.ModuleList(layers)
         self.norm = _norm(spec)
         self.full_recompute = recompute == "full"
@@ -388,9 +482,10 @@ class Body(nn.Module):
 class GPT(nn.Module):
     """The whole model for the plain engine: ``model`` (the body) and ``lm_head``."""
 
-    def __init__(self, spec: ModelSpec, recompute: str, sp_group: Any, sp_rank: int) -> None:
+    def __init__(self, spec: ModelSpec, recompute: str, sp_group: Any, sp_rank: int,
+                 moe: MoEPlan) -> None:
         super().__init__()
-        self.model = Body(spec, recompute, sp_group, sp_rank)
+        self.model = Body(spec, recompute, sp_group, sp_rank, moe)
         torch.manual_seed(SEED + 1 + spec.num_layers)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
@@ -415,13 +510,14 @@ def _tied_head(module: Embedding, x: torch.Tensor) -> torch.Tensor:
     return F.linear(x, module.embed_tokens.weight)
 
 
-def build_pipeline(spec: ModelSpec, plan: Plan, loss_fn: LossFn) -> nn.Module:
+def build_pipeline(spec: ModelSpec, plan: Plan, loss_fn: LossFn, moe: MoEPlan) -> nn.Module:
     """A ``PipelineModule`` of embedding, decoder layers and head, split evenly by layers."""
     from deepspeed.pipe import LayerSpec
     from deepspeed.pipe import PipelineModule
     from deepspeed.pipe import TiedLayerSpec
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
-    blocks = [LayerSpec(DecoderLayer, spec, "none", None, 0) for _ in range(spec.num_layers)]
+    blocks = [LayerSpec(DecoderLayer, spec, "none", None, 0, moe, index)
+              for index in range(spec.num_layers)]
     if spec.tied_embeddings:
         attr = "embed_tokens.weight"
         layers: list[Any] = [
@@ -528,13 +624,14 @@ def setup(spec: ModelSpec, plan: Plan, ds: dict[str, Any]) -> Trial:
     sp_group, cp_rank, mpu = _parallel_groups(lay)
     config = _engine_config(ds)
     loss_fn = LossFn(1.0 / lay.cp)
+    moe = MoEPlan(lay.ep, spec.moe_aux_loss_coeff / (plan.gas * lay.cp))
     if lay.pp > 1:
-        model = build_pipeline(spec, plan, loss_fn)
+        model = build_pipeline(spec, plan, loss_fn, moe)
     elif lay.zero == 3:
         with deepspeed.zero.Init(config_dict_or_path=config, mpu=mpu):
-            model = GPT(spec, lay.recompute, sp_group, cp_rank)
+            model = GPT(spec, lay.recompute, sp_group, cp_rank, moe)
     else:
-        model = GPT(spec, lay.recompute, sp_group, cp_rank)
+        model = GPT(spec, lay.recompute, sp_group, cp_rank, moe)
     engine, *_ = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=config, mpu=mpu
     )

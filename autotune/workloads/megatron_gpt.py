@@ -8,7 +8,8 @@ Run under ``torchrun --nproc_per_node N``::
 The layout maps onto megatron-core the way Megatron-LM's ``pretrain_gpt.py`` maps its flags
 (`autotune.frameworks.megatron_args` holds the mapping; `build_configs` makes config objects):
 
-- tp, pp, vpp: ``parallel_state.initialize_model_parallel``, one ``GPTModel`` chunk per virtual
+- tp, pp, vpp, cp, ep, etp: ``parallel_state.initialize_model_parallel`` (ep and etp fold the
+  same ranks into the expert grid of the MoE layers), one ``GPTModel`` chunk per virtual
   stage (smaller first/last stages where the layers do not divide), trained by the schedule of
   ``get_forward_backward_func`` (no pipelining, 1F1B, or interleaved 1F1B);
 - sp: ``TransformerConfig.sequence_parallel``;
@@ -58,6 +59,7 @@ from autotune.frameworks.megatron_args import ddp_config_kwargs
 from autotune.frameworks.megatron_args import fsdp
 from autotune.frameworks.megatron_args import needs_single_connection
 from autotune.frameworks.megatron_args import optimizer_config_kwargs
+from autotune.frameworks.megatron_args import parallel_state_kwargs
 from autotune.frameworks.megatron_args import transformer_config_kwargs
 from autotune.frameworks.megatron_model import gpt_model_kwargs
 from autotune.frameworks.megatron_model import transformer_config_class
@@ -389,12 +391,7 @@ def setup(plan: Plan, configs: tuple[Any, Any, Any]) -> Trial:
 
     config, ddp_config, optimizer_config = configs
     lay = plan.layout
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=lay.tp,
-        pipeline_model_parallel_size=lay.pp,
-        virtual_pipeline_model_parallel_size=lay.vpp if lay.vpp > 1 else None,
-        context_parallel_size=lay.cp,
-    )
+    parallel_state.initialize_model_parallel(**parallel_state_kwargs(lay))
     model_parallel_cuda_manual_seed(SEED)
     torch.manual_seed(SEED)
     wrapper = FullyShardedDataParallel if fsdp(lay) else DistributedDataParallel

@@ -195,6 +195,22 @@ def test_layout_text_roundtrip_and_derivation() -> None:
     assert Layout.parse("tp=2", 8, 64, get_framework("deepspeed")).sp is False
 
 
+def test_expert_degrees_in_text_and_id() -> None:
+    """Worked by hand: ep and etp default to 1 and appear in the text and id only when experts
+    are split, so a dense layout keeps the name it had before experts existed."""
+    megatron = get_framework("megatron")
+    dense = Layout.parse("tp=8,pp=4,zero=1,recompute=selective", 128, 1024, megatron)
+    assert (dense.ep, dense.etp) == (1, 1)
+    assert dense.id == "tp8-pp4-dp4-cp1-v1-z1-mb1-rs-sp"
+    assert dense.text == ("tp=8,pp=4,cp=1,vpp=1,zero=1,offload=none,mbs=1,recompute=selective,"
+                          "sp=on")
+    moe = Layout.parse("tp=2,pp=2,ep=8,etp=1", 64, 1024, megatron)
+    assert (moe.dp, moe.ep, moe.etp) == (16, 8, 1)
+    assert moe.id == "tp2-pp2-dp16-cp1-v1-z1-mb1-rn-sp-ep8-etp1"
+    assert moe.text.endswith(",sp=on,ep=8,etp=1")
+    assert Layout.parse(moe.text, 64, 1024, megatron) == moe
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -204,6 +220,8 @@ def test_layout_text_roundtrip_and_derivation() -> None:
         ("recompute=some", "one of"),
         ("foo=1", "key=value"),
         ("dp=3", "derived"),
+        ("ep=0", "ep=0 must be positive"),
+        ("etp=x", "etp='x' must be an integer"),
     ],
 )
 def test_layout_errors(text: str, message: str) -> None:

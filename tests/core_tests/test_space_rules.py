@@ -14,7 +14,9 @@ from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.rules import RULES
 from autotune.rules import violations
+from autotune.sampler import distributions
 from autotune.space import SearchSpace
+from autotune.space import candidates
 from autotune.space import enumerate_layouts
 from autotune.space import load_space
 
@@ -111,7 +113,9 @@ def test_good_layout_has_no_violation() -> None:
 def test_enumeration_counts_add_up_and_rank() -> None:
     cfg = load_config("gpt3-175b", "dgx-a100:128")
     result = enumerate_layouts(cfg, load_space(None, "megatron"), K)
-    assert result.total == load_space(None, "megatron").size
+    # search_spaces/megatron.yaml: 4 tp · 6 pp · 4 cp · 5 vpp · 4 zero · 2 offload · 4 mbs ·
+    # 3 recompute · 2 sp; a dense model has ep = etp = 1 only
+    assert result.total == 4 * 6 * 4 * 5 * 4 * 2 * 4 * 3 * 2
     assert result.total - sum(result.removed.values()) == len(result)
     speeds = result.values["tokens_per_s"]
     assert np.all(np.diff(speeds) <= 0)
@@ -151,4 +155,36 @@ def test_table_roundtrip() -> None:
     ]
     table = LayoutTable.from_layouts(layouts)
     assert table.rows() == layouts
-    assert SearchSpace().size > 0
+
+
+def test_auto_expert_candidates_follow_the_expert_grid() -> None:
+    """Worked by hand for Mixtral's 8 experts on 8 GPUs with tp=2: etp is 1 or tp, and ep
+    takes the divisors of 8 that divide the expert data-parallel grid 8 / (pp·etp)."""
+    cfg = load_config("mixtral-8x7b", "dgx-h100:1")
+    space = SearchSpace(tp=[2], pp=[1, 2], cp=[1], vpp=[1], zero=[1], offload=["none"], mbs=[1],
+                        recompute=["none"], sp=[True])
+    table = candidates(cfg, space)
+    combos = sorted(zip(table.pp.tolist(), table.etp.tolist(), table.ep.tolist(), strict=True))
+    assert combos == sorted(
+        [(1, 1, ep) for ep in (1, 2, 4, 8)] + [(1, 2, ep) for ep in (1, 2, 4)]
+        + [(2, 1, ep) for ep in (1, 2, 4)] + [(2, 2, ep) for ep in (1, 2)])
+    resolved = space.resolved(cfg)
+    assert (resolved.ep, resolved.etp) == ([1, 2, 4, 8], [1, 2])
+    # listed values multiply every row; the rules then judge them
+    listed = candidates(cfg, space.model_copy(update={"ep": [1, 3], "etp": [1]}))
+    assert sorted(set(listed.ep.tolist())) == [1, 3] and len(listed) == 2 * 2
+    result = enumerate_layouts(cfg, space.model_copy(update={"ep": [1, 3], "etp": [1]}), K)
+    assert result.removed["experts_divisible_by_ep"] == 2
+
+
+def test_dense_models_get_no_expert_candidates() -> None:
+    cfg = load_config("llama3-8b", "dgx-h100:1")
+    table = candidates(cfg, load_space(None, "megatron"))
+    assert set(table.ep.tolist()) == {1} and set(table.etp.tolist()) == {1}
+
+
+def test_optuna_needs_a_resolved_space() -> None:
+    with pytest.raises(AutotuneError, match="ep, etp still 'auto'"):
+        distributions(SearchSpace())
+    cfg = load_config("mixtral-8x7b", "dgx-h100:1")
+    assert distributions(SearchSpace().resolved(cfg))["ep"].choices == (1, 2, 4, 8)

@@ -22,6 +22,9 @@ PROBLEMS = (
     ("llama3-8b", "dgx-h100:2", None),
     ("llama3-8b", "dgx-h100:4", None),
     ("tiny-gpt", "local", None),
+    ("mixtral-8x7b", "dgx-h100:8", None),
+    ("deepseek-v3", "dgx-h100:256", None),
+    ("tiny-moe", "local", None),
 )
 """Problems sampled for both frameworks."""
 TOP = 10
@@ -53,6 +56,13 @@ FEATURES: dict[str, Callable[[AutotuneConfig, Layout], bool]] = {
     "uneven-vpp": lambda c, lay: _uneven(c, lay) and lay.vpp > 1,
     "pp-full": lambda c, lay: lay.pp > 1 and lay.recompute == "full",
     "fsdp-tp": lambda c, lay: lay.zero >= 2 and lay.tp > 1,
+    "moe": lambda c, lay: c.model.moe,
+    "ep": lambda c, lay: lay.ep > 1,
+    "etp": lambda c, lay: lay.etp > 1,
+    "ep-pp": lambda c, lay: lay.ep > 1 and lay.pp > 1,
+    "ep-cp": lambda c, lay: lay.ep > 1 and lay.cp > 1,
+    "ep-beyond-dp": lambda c, lay: lay.ep > lay.dp,
+    "ep-fsdp": lambda c, lay: lay.ep > 1 and lay.zero >= 2,
 }
 """Features each sample covers where the enumeration has a layout with them."""
 

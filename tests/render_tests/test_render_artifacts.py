@@ -28,32 +28,35 @@ from autotune.rules import violations
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("AUTOTUNE_UPDATE_GOLDEN") == "1"
 GOLDEN_CASES = {
-    # framework: (model, cluster, layout)
-    "megatron": ("llama3-405b", "dgx-h100:2048",
+    # golden folder: (framework, model, cluster, layout)
+    "megatron": ("megatron", "llama3-405b", "dgx-h100:2048",
                  Layout(tp=8, pp=16, cp=8, dp=16, zero=1, offload="optimizer", gas=128, sp=True,
                         recompute="selective")),
-    "deepspeed": ("llama2-7b", "dgx-h100:4",
+    "megatron-moe": ("megatron", "mixtral-8x7b", "dgx-h100:8",
+                     Layout(tp=2, pp=4, cp=2, dp=4, zero=1, gas=256, sp=True, ep=8, etp=1)),
+    "deepspeed": ("deepspeed", "llama2-7b", "dgx-h100:4",
                   Layout(tp=2, pp=1, cp=1, dp=16, zero=3, offload="optimizer+params", gas=64,
                          recompute="full")),
 }
 GOLDEN_FILES = {
     "megatron": ("pretrain_gpt.sh", "sbatch.sh", "layout.json"),
+    "megatron-moe": ("pretrain_gpt.sh", "layout.json"),
     "deepspeed": ("ds_config.json", "launch_deepspeed.sh", "hostfile", "sbatch.sh", "layout.json"),
 }
 
 
 @pytest.mark.parametrize(
-    ("framework", "name"),
-    [(framework, name) for framework, names in GOLDEN_FILES.items() for name in names],
+    ("case", "name"),
+    [(case, name) for case, names in GOLDEN_FILES.items() for name in names],
 )
-def test_golden(framework: str, name: str, tmp_path: Path, monkeypatch) -> None:
+def test_golden(case: str, name: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(autotune, "__version__", "VERSION")
-    model, cluster, layout = GOLDEN_CASES[framework]
+    framework, model, cluster, layout = GOLDEN_CASES[case]
     cfg = problem(model, cluster, framework, None)
     assert violations(cfg, layout, constants_for(cfg.cluster.gpu)) == [], "golden must be legal"
     paths = write_artifacts(cfg, layout, tmp_path, job_name="golden")
     text = paths[name].read_text()
-    golden = GOLDEN / framework / name
+    golden = GOLDEN / case / name
     if UPDATE:
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(text)
@@ -65,7 +68,7 @@ def test_golden(framework: str, name: str, tmp_path: Path, monkeypatch) -> None:
 
 @pytest.mark.parametrize("framework", ["megatron", "deepspeed"])
 def test_write_artifacts(framework: str, tmp_path: Path) -> None:
-    model, cluster, layout = GOLDEN_CASES[framework]
+    _, model, cluster, layout = GOLDEN_CASES[framework]
     cfg = problem(model, cluster, framework, None)
     measured = {"status": "ok", "step_time_s": 1.5, "tokens_per_s": 2.0e6}
     paths = write_artifacts(cfg, layout, tmp_path / "run", measured=measured,
@@ -104,7 +107,7 @@ def test_write_artifacts(framework: str, tmp_path: Path) -> None:
 
 
 def test_given_estimate_is_recorded(tmp_path: Path) -> None:
-    model, cluster, layout = GOLDEN_CASES["deepspeed"]
+    _, model, cluster, layout = GOLDEN_CASES["deepspeed"]
     cfg = problem(model, cluster, "deepspeed", None)
     paths = write_artifacts(cfg, layout, tmp_path, estimate={"step_time_s": 9.0},
                             program=TrainProgram(script="my_train.py"))

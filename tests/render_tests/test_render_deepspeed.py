@@ -130,7 +130,7 @@ def test_sample_covers_every_deepspeed_feature() -> None:
     covered = {name for name, check in FEATURES.items()
                if any(check(case.cfg, case.layout) for case in cases)}
     wanted = {"zero0", "zero1", "zero2", "zero3", "offload-optimizer", "offload-params", "tp",
-              "pp", "cp", "full", "pp-full"}
+              "pp", "cp", "full", "pp-full", "moe", "ep", "ep-pp"}
     assert wanted <= covered
 
 

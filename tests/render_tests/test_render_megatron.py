@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed
+from megatron_core_oracle import megatron_core_refusal
 from render_samples import FEATURES
 from render_samples import Case
 from render_samples import problem
@@ -19,6 +20,7 @@ from autotune.frameworks.megatron_args import ddp_config_kwargs
 from autotune.frameworks.megatron_args import megatron_args
 from autotune.frameworks.megatron_args import optimizer_config_kwargs
 from autotune.frameworks.megatron_args import transformer_config_kwargs
+from autotune.frameworks.megatron_model import transformer_config_class
 from autotune.render import megatron_launch_script
 from autotune.render import render_artifacts
 
@@ -61,15 +63,53 @@ def test_flags_exist_in_megatron_lm(megatron_case: Case) -> None:
 
 
 def test_transformer_config_builds_on_cpu(megatron_case: Case) -> None:
+    """Oracle: megatron-core's TransformerConfig (MLATransformerConfig for multi-latent
+    attention) accepts every sampled layout, MoE ones included, with the same degrees."""
     cfg, layout = megatron_case.cfg, megatron_case.layout
     assert not torch.distributed.is_initialized()
-    config = TransformerConfig(**transformer_config_kwargs(cfg, layout))
+    config = transformer_config_class(cfg.model)(**transformer_config_kwargs(cfg, layout))
     assert config.tensor_model_parallel_size == layout.tp
     assert config.pipeline_model_parallel_size == layout.pp
     assert config.context_parallel_size == layout.cp
     assert config.sequence_parallel == layout.sp
     assert config.virtual_pipeline_model_parallel_size == (layout.vpp if layout.vpp > 1 else None)
-    assert config.num_query_groups == cfg.model.query_groups
+    if not cfg.model.multi_latent_attention:
+        assert config.num_query_groups == cfg.model.query_groups
+    assert config.num_moe_experts == cfg.model.num_experts
+    assert config.expert_model_parallel_size == layout.ep
+    # megatron-core's default for a dense model is etp = tp; MoE layouts always set it
+    assert config.expert_tensor_parallel_size == (layout.etp if cfg.model.moe else layout.tp)
+
+
+def test_moe_layouts_pass_megatron_core_setup(megatron_moe_case: Case) -> None:
+    """Oracle: megatron-core's own setup (megatron_core_oracle: initialize_model_parallel at the
+    cluster's world size, TransformerConfig, a MoELayer with the model's experts and a training
+    forward) accepts every sampled MoE layout."""
+    cfg, layout = megatron_moe_case.cfg, megatron_moe_case.layout
+    refusal = megatron_core_refusal(
+        cfg.world_size, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep, etp=layout.etp,
+        sp=layout.sp, experts=cfg.model.num_experts, bias=cfg.model.add_bias_linear)
+    assert refusal is None
+
+
+def test_moe_flags(megatron_case: Case) -> None:
+    """Expert flags of a MoE layout (Megatron-LM names, in megatron_lm_flags.txt): ep and etp
+    always explicit (etp would default to tp), alltoall with ep > 1 and allgather without, as
+    Megatron's MoE guide recommends, and grouped GEMM; a dense layout has none of them."""
+    cfg, layout = megatron_case.cfg, megatron_case.layout
+    flags = flag_values(megatron_args(cfg, layout))
+    expert_flags = {"--expert-model-parallel-size", "--expert-tensor-parallel-size",
+                    "--moe-token-dispatcher-type", "--moe-grouped-gemm"}
+    if not cfg.model.moe:
+        assert not expert_flags & set(flags)
+        return
+    assert expert_flags <= MEGATRON_LM_FLAGS
+    assert flags["--expert-model-parallel-size"] == [str(layout.ep)]
+    assert flags["--expert-tensor-parallel-size"] == [str(layout.etp)]
+    assert flags["--moe-token-dispatcher-type"] == ["alltoall" if layout.ep > 1 else "allgather"]
+    assert flags["--moe-grouped-gemm"] == []
+    kwargs = transformer_config_kwargs(cfg, layout)
+    assert kwargs["moe_token_dispatcher_type"] == flags["--moe-token-dispatcher-type"][0]
 
 
 def test_ddp_and_optimizer_configs(megatron_case: Case) -> None:
@@ -138,7 +178,8 @@ def test_sample_covers_every_megatron_feature() -> None:
     covered = {name for name, check in FEATURES.items()
                if any(check(case.cfg, case.layout) for case in cases)}
     wanted = {"zero0", "zero1", "zero2", "zero3", "offload-optimizer", "tp", "pp", "vpp", "cp",
-              "sp", "selective", "full", "uneven", "uneven-vpp", "fsdp-tp"}
+              "sp", "selective", "full", "uneven", "uneven-vpp", "fsdp-tp", "moe", "ep", "etp",
+              "ep-pp", "ep-cp", "ep-beyond-dp", "ep-fsdp"}
     assert wanted <= covered
 
 

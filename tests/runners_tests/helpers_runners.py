@@ -57,7 +57,7 @@ def pin_trials(
         direction="maximize",
     )
     for layout in layouts:
-        study.enqueue_trial(layout_params(layout, space))
+        study.enqueue_trial(layout_params(layout, space.resolved(cfg)))
 
 
 def leftovers(marker: str | Path) -> list[str]:

@@ -115,7 +115,8 @@ class Trial:
 
 
 def run_trial(
-    directory: Path, nproc: int, *, launcher: bool = True, inject: str | None = None
+    directory: Path, nproc: int, *, launcher: bool = True, inject: str | None = None,
+    model: str = "tiny-gpt",
 ) -> Trial:
     """Run the workload on the trial in `directory` under torchrun (or plain python)."""
     _build_ops()
@@ -125,7 +126,7 @@ def run_trial(
                     "-m"]
     metrics = directory / "metrics.jsonl"
     command += [
-        MODULE, "--model", "tiny-gpt", "--ds-config", str(directory / "ds_config.json"),
+        MODULE, "--model", model, "--ds-config", str(directory / "ds_config.json"),
         "--layout", str(directory / "layout.json"), "--seq", str(SEQ), "--steps", str(STEPS),
         "--warmup", str(WARMUP), "--metrics", str(metrics),
     ]

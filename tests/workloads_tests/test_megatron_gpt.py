@@ -196,14 +196,19 @@ _PROBLEMS = [
     ("llama3-70b", "dgx-h100:8", 512),
     ("llama3-405b", "dgx-h100:16", 1024),
     ("tiny-gpt", "dgx-h100:1", 16),
+    ("mixtral-8x7b", "dgx-h100:8", 1024),
 ]
+
+
+DIMS = ("tp", "pp", "vpp", "cp", "zero", "offload", "recompute", "sp", "ep", "etp")
+"""Layout dimensions whose every value the sample shows."""
 
 
 def _sample(rows: list[Layout], size: int = 24) -> list[Layout]:
     """Layouts that show every value of every dimension at least once, plus a spread."""
     chosen: dict[str, Layout] = {}
     for lay in rows:
-        for dim in ("tp", "pp", "vpp", "cp", "zero", "offload", "recompute", "sp"):
+        for dim in DIMS:
             chosen.setdefault(f"{dim}={getattr(lay, dim)}", lay)
     step = max(1, len(rows) // size)
     return list({lay: None for lay in [*chosen.values(), *rows[::step]]})
@@ -246,6 +251,13 @@ def test_feasible_layouts_build_configs_that_match(model: str, cluster: str, gbs
         assert optimizer.use_distributed_optimizer == (lay.zero >= 1)
         assert optimizer.optimizer_cpu_offload == (lay.offload == "optimizer")
         assert optimizer.use_precision_aware_optimizer == (lay.offload == "optimizer")
+        assert transformer.num_moe_experts == m.num_experts
+        if m.moe:
+            assert (transformer.expert_model_parallel_size,
+                    transformer.expert_tensor_parallel_size) == (lay.ep, lay.etp)
+            assert transformer.moe_token_dispatcher_type == (
+                "alltoall" if lay.ep > 1 else "allgather")
+            assert not transformer.moe_grouped_gemm  # the local spec's experts run one by one
 
 
 def test_sample_covers_every_dimension() -> None:
@@ -253,12 +265,13 @@ def test_sample_covers_every_dimension() -> None:
     for model, cluster, gbs in _PROBLEMS:
         cfg = load_config(model, cluster, framework="megatron", global_batch_size=gbs)
         for lay in _sample(enumerate_layouts(cfg, load_space(None, "megatron")).feasible.rows()):
-            for dim in ("tp", "pp", "vpp", "cp", "zero", "offload", "recompute", "sp"):
+            for dim in DIMS:
                 seen.setdefault(dim, set()).add(getattr(lay, dim))
     assert seen["zero"] == {0, 1, 2, 3} and seen["offload"] == {"none", "optimizer"}
     assert seen["recompute"] == {"none", "selective", "full"} and seen["sp"] == {True, False}
     assert {2, 4, 8} <= seen["tp"] and {2, 4} <= seen["pp"] and len(seen["vpp"]) > 1
     assert len(seen["cp"]) > 1
+    assert {1, 2, 4, 8} <= seen["ep"] and {1, 2} <= seen["etp"]
 
 
 @pytest.mark.parametrize(
