@@ -57,7 +57,8 @@ class Constants(BaseModel):
     """Fraction of the dense 16-bit peak that fused (flash) attention reaches, forward plus
     backward, in model FLOPs (the backward's recompute of the scores is inside it); it runs at
     16 bits even in FP8 training. Unit: dimensionless. Source: FA2 (50-73 % forward on A100,
-    backward slower), FA3 (up to 75 % forward on H100). Fit bounds 0.25-0.8."""
+    backward slower; on H100 FA2 reaches ~35 % forward, FA3's baseline), FA3 (up to 75 %
+    forward on H100). Fit bounds 0.25-0.8."""
     elementwise_passes: float = _fitted(1.0, 0.5, 4.0, ge=0)
     """Memory-bound traffic relative to the counted minimum: 1 = every tensor a norm,
     activation, rotary, residual/dropout, cast or loss kernel touches is read or written once
