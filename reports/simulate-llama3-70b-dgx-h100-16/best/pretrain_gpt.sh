@@ -51,13 +51,17 @@ MEGATRON_ARGS=(
   --ffn-hidden-size 28672
   --seq-length 8192
   --max-position-embeddings 8192
+  --normalization RMSNorm
+  --norm-epsilon 1e-05
+  --hidden-dropout 0
+  --attention-dropout 0
+  --swiglu
+  --disable-bias-linear
+  --untie-embeddings-and-output-weights
   --group-query-attention
   --num-query-groups 8
-  --swiglu
-  --untie-embeddings-and-output-weights
-  --normalization RMSNorm
   --position-embedding-type rope
-  --disable-bias-linear
+  --rotary-base 500000
   --bf16
   --mock-data
   --tokenizer-type NullTokenizer
