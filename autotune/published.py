@@ -24,6 +24,7 @@ from autotune.constants import constants_for
 from autotune.flops import attention_flops_per_token_per_layer
 from autotune.flops import model_flops
 from autotune.frameworks import framework_of
+from autotune.frameworks.base import RuleGroup
 from autotune.inputs import load_cluster
 from autotune.layout import RECOMPUTES
 from autotune.layout import Layout
@@ -231,11 +232,14 @@ def problem(row: dict[str, str]) -> AutotuneConfig:
 
 
 def _published_zero(row: dict[str, str], cfg: AutotuneConfig) -> int | None:
-    """The published ZeRO stage where `_options` substitutes another, else None."""
-    sharding = _SHARDING.get(row["sharding"])
-    if sharding == 2 and cfg.train.framework == "megatron" and int(row["pp"]) > 1:
-        return sharding
-    return None
+    """The published ZeRO stage where the framework's ZeRO rules refuse it with the row's
+    pipeline (zero2 with pp>1: `_options` then runs zero1), else None."""
+    if _SHARDING.get(row["sharding"]) != 2 or int(row["pp"]) == 1:
+        return None
+    probe = LayoutTable.from_layouts([Layout(pp=int(row["pp"]), zero=2)])
+    k = constants_for(cfg.cluster.gpu)
+    zero_rules = [r for r in rules_for(cfg.train.framework) if r.group == RuleGroup.ZERO]
+    return 2 if any(bool(r.check(cfg, probe, k)[0]) for r in zero_rules) else None
 
 
 def _options(row: dict[str, str], cfg: AutotuneConfig) -> tuple[dict[str, list[Any]], list[str]]:
@@ -255,8 +259,8 @@ def _options(row: dict[str, str], cfg: AutotuneConfig) -> tuple[dict[str, list[A
     if row["sharding"]:
         zero = _SHARDING[row["sharding"]]
         if _published_zero(row, cfg) is not None:
-            notes.append("zero2 with pp>1 expressed as zero1 (Megatron-FSDP needs pp=1); "
-                         "memory judged as zero2")
+            notes.append("zero2 with pp>1 expressed as zero1 (the framework's ZeRO rules refuse "
+                         "it); memory judged as zero2")
             zero = 1
         zeros = [zero]
     else:
