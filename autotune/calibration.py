@@ -9,6 +9,7 @@ constants, so one GPU type gets a handful of physical numbers, never one per row
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from autotune.constants import FIT_BOUNDS
 from autotune.constants import Constants
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
@@ -25,15 +27,11 @@ from autotune.published import PublishedRun
 from autotune.published import published_runs
 from autotune.specs import AutotuneConfig
 
-FIT_BOUNDS: dict[str, tuple[float, float]] = {
-    "gemm_efficiency": (0.3, 1.0),
-    "gemm_half_size": (1.0, 20000.0),
-    "comm_efficiency": (0.3, 0.9),  # NCCL bus bandwidth rarely passes 90 % of a link
-    "elementwise_passes": (0.0, 12.0),
-    "overlap_fraction": (0.0, 1.0),
-    "hbm_efficiency": (0.2, 1.0),
-}
-"""Constants the fit may move, with physical bounds."""
+TRIAL_REFIT = ("gemm_efficiency", "gemm_half_size", "elementwise_passes", "comm_efficiency")
+"""Constants refitted to a study's own measured trials (GEMM speed and its size dependence,
+memory-bound passes, collective bandwidth): each has fit bounds (`FIT_BOUNDS`)."""
+ROBUST_SCALE = 0.1
+"""Log-error scale beyond which the fit's loss grows linearly (soft-L1)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,17 +48,20 @@ class Measured:
     source: str = ""
     """The publication (or study) the point comes from: the unit of cross-validation."""
 
+    @functools.cached_property
+    def table(self) -> LayoutTable:
+        """The candidate layouts as a table."""
+        return LayoutTable.from_layouts(self.layouts)
+
 
 def predicted_step_s(point: Measured, k: Constants) -> float:
     """The model's step time (the fastest candidate when the layout was not fully published)."""
-    table = LayoutTable.from_layouts(point.layouts)
-    return float(np.min(estimate_time(point.cfg, table, k)["total"]))
+    return float(np.min(estimate_time(point.cfg, point.table, k)["total"]))
 
 
 def best_layout(point: Measured, k: Constants) -> Layout:
     """The candidate the model finds fastest."""
-    table = LayoutTable.from_layouts(point.layouts)
-    return point.layouts[int(np.argmin(estimate_time(point.cfg, table, k)["total"]))]
+    return point.layouts[int(np.argmin(estimate_time(point.cfg, point.table, k)["total"]))]
 
 
 def errors(points: Sequence[Measured], k: Constants) -> np.ndarray:
@@ -73,7 +74,12 @@ def fit_constants(
     base: Constants,
     names: Sequence[str] = ("gemm_efficiency", "comm_efficiency"),
 ) -> Constants:
-    """Least-squares fit of `names` (log error of step time), starting from `base`."""
+    """Robust least-squares fit of `names` on the log error of step time, from `base`.
+
+    The loss is soft-L1 with a 10 % scale (`ROBUST_SCALE`): a point off by more than that counts
+    linearly, not quadratically, so a few runs the model cannot express do not drag every
+    constant to a bound.
+    """
     if not points:
         return base
     low = np.array([FIT_BOUNDS[n][0] for n in names])
@@ -84,7 +90,8 @@ def fit_constants(
         k = base.model_copy(update=dict(zip(names, map(float, x), strict=True)))
         return np.array([np.log(predicted_step_s(p, k) / p.step_time_s) for p in points])
 
-    result = least_squares(residuals, start, bounds=(low, high), x_scale="jac")
+    result = least_squares(residuals, start, bounds=(low, high), x_scale="jac",
+                           loss="cauchy", f_scale=ROBUST_SCALE)
     return base.model_copy(update=dict(zip(names, map(float, result.x), strict=True)))
 
 

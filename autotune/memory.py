@@ -29,24 +29,19 @@ MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "b
 """Named parts of the per-GPU memory estimate, in report order."""
 
 
-def layer_activation_bytes(
-    cfg: AutotuneConfig, t: LayoutTable, traffic: bool = False
-) -> np.ndarray:
-    """Bytes one layer stores for backward, for one micro-batch, without full recompute.
-
-    With `traffic`, the bytes its forward writes whatever the recompute setting (the attention
-    scores count whenever flash attention is off): what memory-bound kernels move.
-    """
+def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
+    """Bytes one layer stores for backward, for one micro-batch, without full recompute."""
     m = cfg.model
     s = cfg.train.seq_length / t.cp
     sbh = s * t.mbs * m.hidden_size
     groups = m.query_groups / m.num_attention_heads
-    # 2 norm inputs (4) + attention and MLP inputs (2 + 2) + two dropout masks (1 + 1)
-    replicated = 10 * sbh
+    # 2 norm inputs (4) + attention and MLP inputs (2 + 2) + two 1-byte dropout masks (with
+    # dropout: Korthikanti's 2sbh of masks; a model trained without dropout stores none)
+    replicated = (8 + (2 if m.hidden_dropout > 0 else 0)) * sbh
     # Q, K, V (GQA shrinks K and V), output-projection input, MLP intermediates (SwiGLU stores 3f)
     sharded = (4 + 4 * groups) * sbh + (6 if m.gated else 4) * s * t.mbs * m.ffn
     scores = 0 if cfg.train.flash_attention else 5 * m.num_attention_heads * s * s * t.mbs
-    sharded = sharded + scores * (True if traffic else (t.recompute == 0))
+    sharded = sharded + scores * (t.recompute == 0)
     return replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp
 
 

@@ -1,27 +1,44 @@
 """Predicted step time as named parts, for many layouts at once.
 
-Per micro-batch the slowest pipeline stage runs its GEMMs at a size-dependent fraction of peak
-(`gemm_efficiency · x / (x + gemm_half_size)`, x = cube root of the MLP GEMM's M·N·K on one GPU),
-memory-bound kernels at HBM speed, and tensor-parallel collectives that are not overlapped.
-Context parallelism exchanges K/V around a ring overlapped with attention (Megatron) or
-re-partitions heads with all-to-alls (DeepSpeed Ulysses). The 1F1B pipeline adds a bubble of
-(p−1)/v micro-batch times and point-to-point sends. Data-parallel gradient reduction is an α-β
-hierarchical ring (intra-node, then inter-node on each GPU's NIC) overlapped with the last
-backward; ZeRO-3 gathers parameters every micro-batch; offload adds PCIe traffic and the CPU Adam.
+Per micro-batch, each pipeline stage runs its layers (`autotune.kernels`: GEMMs by shape,
+attention, memory-bound kernels, launch gaps) and, on the last stage, the output layer and loss.
+Communication (`autotune.collectives`, NCCL's α-β model) is charged where it is exposed:
+
+- tensor parallel: per layer, forward all-reduces (or all-gathers and reduce-scatters with
+  sequence parallelism) block the next GEMM; in the backward, frameworks with asynchronous
+  tensor-parallel communication (`Framework.tp_async_backward`) hide the input all-gather and
+  the gradient reduce under the column-parallel GEMMs' backward, the rest is exposed. With
+  `TrainSpec.tp_comm_overlap` (userbuffers) all of them run under the linear GEMMs.
+- context parallel: Megatron's load-balanced ring passes K/V (forward) and K/V plus their
+  gradients (backward) cp−1 times per layer, each pass under one block of attention; Ulysses
+  all-to-alls (q, k, v in, output back) are exposed.
+- pipeline: the 1F1B bubble of (p−1)/v micro-batch times of the slowest stage, and the
+  activation sends (all on the critical path without interleaving; only the fill and drain
+  with interleaving, whose sends overlap).
+- data parallel: gradient buckets are reduced while the last micro-batch's backward runs on the
+  layers before them: the last bucket is always exposed; the distributed optimizer's parameter
+  all-gather hides under the next forward where the framework overlaps it.
+- ZeRO-3: every micro-batch gathers each layer's weights before its forward (prefetched under
+  the previous layer) and before its backward, and reduce-scatters its gradients, with ring
+  latency over all dp·cp ranks; the first gather is never hidden.
+- offload: PCIe traffic and the CPU Adam; the GPU optimizer step streams 38 B per parameter.
+Overlapped communication still costs (1 − overlap_fraction) of its time (`exposed_s`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from autotune.collectives import Kind
+from autotune.collectives import all_to_all_s
+from autotune.collectives import collective_s
+from autotune.collectives import exposed_s
+from autotune.collectives import send_s
 from autotune.constants import Constants
-from autotune.flops import attention_flops_per_token_per_layer
-from autotune.flops import dense_flops_per_token_per_layer
-from autotune.flops import logits_flops_per_token
-from autotune.flops import recompute_flops_fraction
 from autotune.frameworks import framework_of
+from autotune.kernels import head_times
+from autotune.kernels import layer_times
 from autotune.layout import LayoutTable
-from autotune.memory import layer_activation_bytes
 from autotune.sharding import params_on_rank
 from autotune.specs import AutotuneConfig
 
@@ -38,143 +55,152 @@ TIME_PARTS = (
 )
 """Named parts of the predicted step time, in report order."""
 
-
-def gemm_efficiency(x: np.ndarray, k: Constants) -> np.ndarray:
-    """Achieved fraction of peak for a GEMM whose cube-root size is x elements."""
-    return k.gemm_efficiency * x / (x + k.gemm_half_size)
-
-
-def collective_s(
-    nbytes: np.ndarray,
-    ranks: np.ndarray,
-    per_node: np.ndarray,
-    factor: float,
-    cfg: AutotuneConfig,
-    k: Constants,
-) -> np.ndarray:
-    """Time of a ring collective over `ranks` GPUs, `per_node` of them sharing a node.
-
-    factor is 2 for all-reduce and 1 for reduce-scatter or all-gather; bytes are the full buffer.
-    Hierarchical: a ring inside each node, then a ring across nodes on each GPU's own NIC over
-    1/per_node of the data; latency α per hop (tree depth across nodes).
-    """
-    c = cfg.cluster
-    local = np.maximum(np.minimum(per_node, ranks), 1)
-    nodes = np.maximum(ranks / local, 1)
-    intra = factor * (local - 1) / local * nbytes / (c.intra_node_gb_s * 1e9 * k.comm_efficiency)
-    inter = (
-        factor
-        * (nodes - 1)
-        / nodes
-        * (nbytes / local)
-        / (c.inter_node_gb_s * 1e9 * k.comm_efficiency)
-    )
-    latency = factor * (
-        (local - 1) * k.latency_intra_s + np.ceil(np.log2(nodes)) * k.latency_inter_s
-    )
-    return np.where(ranks > 1, intra + inter + latency, 0.0)
+OPTIMIZER_BYTES_PER_PARAM = 38
+"""Adam step on the GPU, bytes per parameter: read fp32 master, m, v and gradient (16), write
+master, m, v (12), write the 16-bit weight (2), gradient-norm read (4), gradient zeroing (4)."""
 
 
-def _link_gb_s(cfg: AutotuneConfig, crosses_node: np.ndarray) -> np.ndarray:
-    return np.where(crosses_node, cfg.cluster.inter_node_gb_s, cfg.cluster.intra_node_gb_s) * 1e9
+def _tp_layer_s(cfg: AutotuneConfig, t: LayoutTable, linear_forward: np.ndarray,
+                column_backward: np.ndarray, k: Constants) -> np.ndarray:
+    """Exposed tensor-parallel communication of one layer and micro-batch."""
+    gpn = cfg.cluster.gpus_per_node
+    tokens = t.mbs * cfg.train.seq_length / t.cp
+    volume = 2 * tokens * cfg.model.hidden_size
+    per_node = np.full(len(t), gpn)
+    half = collective_s("all_gather", volume, t.tp, per_node, cfg, k)  # = reduce-scatter
+    whole = collective_s("all_reduce", volume, t.tp, per_node, cfg, k)
+    forward = np.where(t.sp, 4 * half, 2 * whole)
+    framework = framework_of(cfg)
+    if framework.tp_async_backward:
+        # sp: two all-gathers exposed; input all-gathers and gradient reduce-scatters of the
+        # column-parallel linears hide under their backward. No sp: the gradient all-reduces
+        # hide under the column-parallel weight gradients.
+        backward = np.where(t.sp, 2 * half + exposed_s(4 * half, column_backward, k),
+                            exposed_s(2 * whole, column_backward / 2, k))
+    else:
+        backward = forward
+    if framework.tp_comm_overlap and cfg.train.tp_comm_overlap:
+        # userbuffers: every collective runs in chunks under the GEMM that consumes or produces
+        # it, forward and backward (sequence parallelism only)
+        every = forward + 6 * half + (t.recompute == 2) * forward
+        overlapped = exposed_s(every, 3 * linear_forward, k)
+        plain = forward + backward + (t.recompute == 2) * forward
+        return np.where(t.sp, overlapped, plain)
+    return forward + backward + (t.recompute == 2) * forward
+
+
+def _cp_layer_s(cfg: AutotuneConfig, t: LayoutTable, attention_forward: np.ndarray,
+                k: Constants) -> np.ndarray:
+    """Exposed context-parallel communication of one layer and micro-batch."""
+    m, gpn = cfg.model, cfg.cluster.gpus_per_node
+    tokens = t.mbs * cfg.train.seq_length / t.cp
+    kv_heads = np.maximum(m.query_groups / t.tp, 1)
+    kv_bytes = 2 * tokens * 2 * kv_heads * m.head_dim  # this rank's K and V, 16-bit
+    again = (t.recompute >= 1).astype(float)  # recompute repeats the attention forward
+    if framework_of(cfg).context_parallel == "ring":
+        send = send_s(kv_bytes, t.tp * t.cp > gpn, cfg, k)
+        block = attention_forward / t.cp
+        forward = (t.cp - 1) * exposed_s(send, block, k)
+        backward = (t.cp - 1) * exposed_s(2 * send, 2 * block, k)
+    else:  # Ulysses: q, k, v to head-sharded, output back to sequence-sharded
+        q_bytes = 2 * tokens * m.num_attention_heads * m.head_dim / t.tp
+        per_node = np.maximum(gpn // t.tp, 1)
+        forward = all_to_all_s(2 * q_bytes + kv_bytes, t.cp, per_node, cfg, k)
+        backward = forward
+    return np.where(t.cp > 1, forward * (1 + again) + backward, 0.0)
+
+
+def _reduce_s(kind: Kind, nbytes_per_param: float, params: np.ndarray, bucket: np.ndarray,
+              window: np.ndarray, overlap: bool, cfg: AutotuneConfig, t: LayoutTable,
+              k: Constants) -> np.ndarray:
+    """A bucketed collective over the dp·cp group hidden under `window` seconds of compute that
+    produce (or consume) the buckets in turn: the last bucket is never hidden."""
+    ranks = t.shard_degree
+    per_node = np.maximum(cfg.cluster.gpus_per_node // t.tp, 1)
+    buckets = np.maximum(np.ceil(params / np.maximum(bucket, 1)), 1)
+    one = collective_s(kind, nbytes_per_param * params / buckets, ranks, per_node, cfg, k)
+    if not overlap:
+        return buckets * one
+    return one + exposed_s((buckets - 1) * one, window * (buckets - 1) / buckets, k)
 
 
 def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str, np.ndarray]:
-    """Step-time parts (s) and `total`, plus `microbatch_s` (one micro-batch, slowest stage)."""
+    """Step-time parts (s) and `total`, plus `microbatch_s` (one micro-batch, slowest stage) and
+    `flops` (FLOPs all GPUs execute in one step, recompute included)."""
     m, train, c = cfg.model, cfg.train, cfg.cluster
     gpn = c.gpus_per_node
-    peak = c.gpu.peak_tflops[train.precision] * 1e12
-    hbm = c.gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
     framework = framework_of(cfg)
     micro = t.micro_batches
-    s_local = train.seq_length / t.cp
-    tokens = t.mbs * s_local  # tokens of one micro-batch on one GPU (before tp splits widths)
     vocab = framework.padded_vocab(m.vocab_size, t.tp)
     split = framework.split_layers(cfg, t.pp, t.vpp)
-    layers = split.most
+    single = t.pp == 1
 
-    # compute of one micro-batch on the slowest stage
-    x = np.cbrt(tokens * m.hidden_size * (m.ffn / t.tp))
-    eff = gemm_efficiency(x, k)
-    dense = dense_flops_per_token_per_layer(m)
-    attention = attention_flops_per_token_per_layer(m, train.seq_length) / t.cp
-    extra = recompute_flops_fraction(m, train.seq_length, t.recompute)
-    layer_flops = tokens * (dense + attention) * (1 + extra) / t.tp
-    head_flops = tokens * logits_flops_per_token(m, vocab) / t.tp
-    on_last = np.where(t.pp == 1, layers, split.last)
-    stage_flops = np.maximum(layers * layer_flops, on_last * layer_flops + head_flops)
-    elementwise = (
-        k.elementwise_passes
-        * layer_activation_bytes(cfg, t, traffic=True)
-        * (1 + (t.recompute == 2) / 2)
-    )
-    # the last stage also moves the logits: 16-bit output, fp32 softmax and its gradient
-    logits_traffic = k.elementwise_passes * 6 * tokens * vocab / t.tp
-    stage_traffic = np.maximum(layers * elementwise, on_last * elementwise + logits_traffic)
-    compute_mb = stage_flops / (peak * eff) + stage_traffic / hbm
-    backward_mb = compute_mb * 2 / 3
+    layer = layer_times(cfg, t, k)
+    tp_layer = _tp_layer_s(cfg, t, layer.linear_forward, layer.column_backward, k)
+    cp_layer = _cp_layer_s(cfg, t, layer.attention_forward, k)
+    head_s, head_flops = head_times(cfg, t, vocab, k)
 
-    # tensor parallel: 2 all-reduces (or all-gather + reduce-scatter with sp) forward, 2 backward
-    tp_bytes = 2 * tokens * m.hidden_size
-    collectives = 4 + 2 * (t.recompute == 2)
-    tp_one = collective_s(tp_bytes, t.tp, np.full(len(t), gpn), 2.0, cfg, k)
-    tp_mb = layers * collectives * tp_one
+    # the slowest stage: first, middle or last (the last also runs the output layer and loss)
+    last_layers = np.where(single, split.first, split.last)
+    stages = np.stack([split.first, np.where(t.pp > 2, split.middle, 0), last_layers])
+    compute = stages * layer.total + np.array([[0.0], [0.0], [1.0]]) * head_s
+    comm_tp, comm_cp = stages * tp_layer, stages * cp_layer
+    per_micro = compute + comm_tp + comm_cp
+    slowest = np.argmax(per_micro, axis=0)
+    pick = np.arange(len(t))
+    layers = stages[slowest, pick]
+    compute_mb, tp_mb, cp_mb = (a[slowest, pick] for a in (compute, comm_tp, comm_cp))
+    microbatch = per_micro[slowest, pick]
+    holds_head = slowest == 2
 
-    # context parallel
-    kv_bytes = (
-        2 * t.mbs * s_local * m.head_dim * m.query_groups * 2 / np.minimum(t.tp, m.query_groups)
-    )
-    cp_link = _link_gb_s(cfg, t.tp * t.cp > gpn) * k.comm_efficiency
-    attn_s = tokens * attention / t.tp / (peak * eff)
-    if framework.context_parallel == "ring":  # (cp-1) K/V passes forward, twice that backward
-        ring = 3 * (t.cp - 1) * kv_bytes / cp_link
-        cp_mb = layers * np.maximum(ring - attn_s, 0.0)
-    else:  # Ulysses: all-to-all of q, k, v and output, forward and backward
-        a2a_bytes = (2 * tokens * m.hidden_size * 2 + 2 * kv_bytes) / t.tp
-        cp_mb = layers * 2 * (t.cp - 1) / t.cp * a2a_bytes / cp_link
-    cp_mb = np.where(t.cp > 1, cp_mb, 0.0)
+    # pipeline: bubble and activation sends
+    bubble = np.where(single, 0.0, (t.pp - 1) / t.vpp * microbatch)
+    # each tensor-parallel rank sends its 1/tp slice (sequence parallel, or the scatter/gather
+    # optimization of Narayanan et al. 2021 §4.1) through its own NIC
+    p2p_bytes = 2 * t.mbs * train.seq_length / t.cp * m.hidden_size / t.tp
+    send = send_s(p2p_bytes, t.tp * t.cp * t.dp >= gpn, cfg, k)
+    sends = np.where(t.vpp > 1, 2 * (t.pp - 1), 2 * (micro + t.pp - 1))
+    p2p = np.where(single, 0.0, sends * send)
 
-    microbatch = compute_mb + tp_mb + cp_mb
-
-    # pipeline: bubble and point-to-point activations
-    bubble = np.where(t.pp > 1, (t.pp - 1) / t.vpp * microbatch, 0.0)
-    p2p_bytes = 2 * tokens * m.hidden_size / np.where(t.sp, t.tp, 1)
-    p2p_link = _link_gb_s(cfg, t.tp * t.cp * t.dp >= gpn) * k.comm_efficiency
-    p2p = np.where(t.pp > 1, 2 * micro * t.vpp * (p2p_bytes / p2p_link + k.latency_inter_s), 0.0)
-
-    # data parallel / ZeRO communication over dp (·cp for Megatron) ranks
-    params = params_on_rank(m, t, vocab, layers, t.pp == 1, t.pp == 1)
-    ranks = t.shard_degree
-    per_node = np.maximum(gpn // t.tp, 1)  # the dp·cp group's ranks on one node
+    # data parallel over dp·cp: gradient reduce under the last backward, parameter gather
+    params = params_on_rank(m, t, vocab, layers, single | (slowest == 0), holds_head)
+    forward_mb = layers * layer.forward
+    backward_mb = layers * layer.backward + holds_head * head_s * 2 / 3
     grad_bytes = framework.grad_reduce_bytes(cfg)
-    allreduce = collective_s(grad_bytes * params, ranks, per_node, 2.0, cfg, k)
-    scatter = collective_s(grad_bytes * params, ranks, per_node, 1.0, cfg, k)
-    gather = collective_s(2 * params, ranks, per_node, 1.0, cfg, k)
-    hide = k.overlap_fraction * backward_mb if train.overlap_grad_reduce else 0.0
+    bucket = framework.grad_bucket_params(cfg, t, params)
+    overlap = train.overlap_grad_reduce
+    all_reduce = _reduce_s("all_reduce", grad_bytes, params, bucket, backward_mb, overlap,
+                           cfg, t, k)
+    scatter = _reduce_s("reduce_scatter", grad_bytes, params, bucket, backward_mb, overlap,
+                        cfg, t, k)
+    grads = np.where(t.zero == 0, all_reduce, scatter)
     if framework.zero2_reduces_every_microbatch:
-        per_micro = np.where(t.zero == 2, np.maximum(scatter - hide, 0) * (micro - 1), 0.0)
-    else:
-        per_micro = np.zeros(len(t))
-    boundary = np.where(t.zero == 0, allreduce, scatter)
-    dp = per_micro + np.maximum(boundary - hide, 0.0)
-    dp = dp + np.where((t.zero >= 1) & (t.zero < 3), np.maximum(gather - hide, 0.0), 0.0)
-    dp = np.where(ranks > 1, dp, 0.0)
+        grads = np.where(t.zero == 2, grads * micro, grads)
+    gather = _reduce_s("all_gather", 2, params, bucket, forward_mb,
+                       overlap and framework.param_gather_overlaps_forward, cfg, t, k)
+    dp = grads + np.where((t.zero >= 1) & (t.zero < 3), gather, 0.0)
+    dp = np.where((t.shard_degree > 1) & (t.zero < 3), dp, 0.0)
 
-    # ZeRO-3: gather weights forward and backward, reduce-scatter grads, every micro-batch
-    zero3 = np.maximum(2 * gather + scatter - k.overlap_fraction * compute_mb, 0.0) * micro
-    zero3 = np.where((t.zero >= 3) & (ranks > 1), zero3, 0.0)
+    # ZeRO-3: per layer and micro-batch, weights gathered for forward (prefetched) and backward
+    ranks, per_node = t.shard_degree, np.maximum(gpn // t.tp, 1)
+    per_layer = params / np.maximum(layers, 1)
+    ag = collective_s("all_gather", 2 * per_layer, ranks, per_node, cfg, k)
+    rs = collective_s("reduce_scatter", grad_bytes * per_layer, ranks, per_node, cfg, k)
+    again = (t.recompute == 2) * ag  # the recomputed forward gathers once more
+    zero3 = ag + layers * (exposed_s(ag, layer.forward, k)
+                           + exposed_s(ag + rs + again, layer.backward, k))
+    zero3 = np.where((t.zero >= 3) & (ranks > 1), micro * zero3, 0.0)
 
-    # offload: grads down and weights up over PCIe, Adam on the CPU (all ranks of a node share it)
-    shard = params / np.where(t.zero >= 1, ranks, 1)
+    # offload: gradients down and weights up over PCIe, Adam on the node's CPUs
+    shard = params / np.where(t.zero >= 1, t.shard_degree, 1)
     pcie = c.pcie_gb_s * 1e9
     offload = np.where(
         t.offload >= 1,
         (grad_bytes + 2) * shard / pcie + shard * gpn / k.cpu_adam_params_per_s,
         0.0,
     ) + np.where(t.offload == 2, micro * 2 * 2 * shard / pcie, 0.0)
-
-    # GPU optimizer: read/write fp32 master, m, v (24 B), read grads (4), write 16-bit weights (2)
-    optimizer = np.where(t.offload >= 1, 0.0, 30 * shard / hbm)
+    hbm = c.gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
+    optimizer = np.where(t.offload >= 1, 0.0, OPTIMIZER_BYTES_PER_PARAM * shard / hbm)
 
     parts = {
         "compute": micro * compute_mb,
@@ -189,4 +215,6 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     }
     parts["total"] = sum(parts[name] for name in TIME_PARTS)
     parts["microbatch_s"] = microbatch
+    replica = micro * (m.num_layers * layer.flops + head_flops)  # every split places all layers
+    parts["flops"] = replica * t.tp * t.cp * t.dp
     return parts

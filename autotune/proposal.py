@@ -24,6 +24,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from autotune.calibration import FIT_BOUNDS
+from autotune.calibration import TRIAL_REFIT
 from autotune.constants import Constants
 from autotune.estimate import evaluate
 from autotune.layout import Layout
@@ -36,9 +37,6 @@ from autotune.specs import AutotuneConfig
 from autotune.surrogate import features
 from autotune.surrogate import fit_residuals
 
-REFIT = ("gemm_efficiency", "comm_efficiency", "overlap_fraction", "hbm_efficiency")
-"""Constants refitted to the measured trials: GEMM speed, collective bandwidth, how much
-communication hides behind compute, memory-bound kernels."""
 PRIOR_LOG_SD = 0.25
 """Prior σ of a refitted constant in log space (a fit with few trials stays near the base)."""
 STEP_SD = 0.03
@@ -88,21 +86,21 @@ class Proposal:
 def refit_constants(
     cfg: AutotuneConfig, table: LayoutTable, step_time_s: np.ndarray, base: Constants
 ) -> Constants:
-    """Maximum a posteriori REFIT constants: log step-time errors of the measured rows against
+    """Maximum a posteriori TRIAL_REFIT constants: log step-time errors of the measured rows against
     a log-normal prior around `base` (bounds from `autotune.calibration.FIT_BOUNDS`)."""
-    low = np.log([max(FIT_BOUNDS[n][0], 0.05) for n in REFIT])
-    high = np.log([FIT_BOUNDS[n][1] for n in REFIT])
-    start = np.clip(np.log([getattr(base, n) for n in REFIT]), low, high)
+    low = np.log([max(FIT_BOUNDS[n][0], 0.05) for n in TRIAL_REFIT])
+    high = np.log([FIT_BOUNDS[n][1] for n in TRIAL_REFIT])
+    start = np.clip(np.log([getattr(base, n) for n in TRIAL_REFIT]), low, high)
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        k = base.model_copy(update=dict(zip(REFIT, map(float, np.exp(x)), strict=True)))
+        k = base.model_copy(update=dict(zip(TRIAL_REFIT, map(float, np.exp(x)), strict=True)))
         modelled = estimate_time(cfg, table, k)["total"]
         return np.concatenate(
             [np.log(modelled / step_time_s) / STEP_SD, (x - start) / PRIOR_LOG_SD]
         )
 
     fit = least_squares(residuals, start, bounds=(low, high))
-    return base.model_copy(update=dict(zip(REFIT, map(float, np.exp(fit.x)), strict=True)))
+    return base.model_copy(update=dict(zip(TRIAL_REFIT, map(float, np.exp(fit.x)), strict=True)))
 
 
 def structure(t: LayoutTable) -> np.ndarray:

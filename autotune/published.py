@@ -23,6 +23,8 @@ from autotune.constants import Constants
 from autotune.constants import constants_for
 from autotune.flops import attention_flops_per_token_per_layer
 from autotune.flops import model_flops
+from autotune.frameworks import framework_of
+from autotune.frameworks.base import RuleGroup
 from autotune.inputs import load_cluster
 from autotune.layout import RECOMPUTES
 from autotune.layout import Layout
@@ -53,6 +55,9 @@ Megatron-style 3D parallelism or FSDP/ZeRO-style sharded data parallelism."""
 _SHARDING = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 _PRECISION = {"16-bit": "bf16", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
 _POSITIONS = {"alibi": "rope"}  # position schemes without weights map onto rope
+RUN_MEMORY_TOLERANCE = 0.03
+"""A run that happened may be predicted this fraction over the usable memory and still count as
+fitting (the memory model's error margin, as the published-layouts benchmark allows)."""
 
 
 # --- FLOPs conventions (FLOPs of one iteration of `batch` sequences) -----------------------------
@@ -149,6 +154,15 @@ class PublishedRun:
     substitutions: tuple[str, ...] = ()
     broken_rule: str | None = None
     """The first structural rule every candidate breaks (the layout is then skipped)."""
+    published_zero: int | None = None
+    """The sharding as published where the rules made the candidates use another (Llama 3's
+    FSDP zero2 with pp>1 runs as zero1): memory is judged with the published one."""
+
+    def as_published(self, layout: Layout) -> Layout:
+        """The candidate with the published sharding (what ran, for its memory)."""
+        if self.published_zero is None:
+            return layout
+        return dataclasses.replace(layout, zero=self.published_zero)
 
     @property
     def name(self) -> str:
@@ -191,6 +205,8 @@ def model_spec(row: dict[str, str]) -> ModelSpec:
         normalization=row["normalization"],
         position_embedding=_POSITIONS.get(row["position_embedding"], row["position_embedding"]),
         add_bias_linear=row["add_bias_linear"] == "yes",
+        **({"hidden_dropout": float(row["dropout"]), "attention_dropout": float(row["dropout"])}
+           if row["dropout"] else {}),
     )
 
 
@@ -208,10 +224,22 @@ def problem(row: dict[str, str]) -> AutotuneConfig:
         framework=autotune_framework(row),
         flash_attention=row["fused_attention"] != "no",
         overlap_grad_reduce=row["overlap_grad_reduce"] != "no",
+        tp_comm_overlap=row["tp_comm_overlap"] == "yes",
     )
     return AutotuneConfig(
         model=model_spec(row), cluster=cluster.model_copy(update=update), train=train
     )
+
+
+def _published_zero(row: dict[str, str], cfg: AutotuneConfig) -> int | None:
+    """The published ZeRO stage where the framework's ZeRO rules refuse it with the row's
+    pipeline (zero2 with pp>1: `_options` then runs zero1), else None."""
+    if _SHARDING.get(row["sharding"]) != 2 or int(row["pp"]) == 1:
+        return None
+    probe = LayoutTable.from_layouts([Layout(pp=int(row["pp"]), zero=2)])
+    k = constants_for(cfg.cluster.gpu)
+    zero_rules = [r for r in rules_for(cfg.train.framework) if r.group == RuleGroup.ZERO]
+    return 2 if any(bool(r.check(cfg, probe, k)[0]) for r in zero_rules) else None
 
 
 def _options(row: dict[str, str], cfg: AutotuneConfig) -> tuple[dict[str, list[Any]], list[str]]:
@@ -219,20 +247,20 @@ def _options(row: dict[str, str], cfg: AutotuneConfig) -> tuple[dict[str, list[A
     framework = cfg.train.framework
     tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
     notes: list[str] = []
-    per_stage = cfg.model.num_layers // pp
     if row["vpp"]:
         vpp = [int(row["vpp"])]
-    elif framework == "megatron" and pp > 1:
-        vpp = [v for v in range(1, per_stage + 1) if per_stage % v == 0]
-    else:
-        vpp = [1]
+    else:  # every vpp the framework can split the layers with (the rules drop the others)
+        tries = np.arange(1, cfg.model.num_layers // pp + 2)
+        split = framework_of(cfg).split_layers(cfg, np.full(len(tries), pp), tries)
+        vpp = [int(v) for v in tries[split.legal]] or [1]
     gbs = cfg.train.global_batch_size
     mbs = ([int(row["micro_batch_size"])] if row["micro_batch_size"]
            else [m for m in (1, 2, 4, 8) if gbs % (m * dp) == 0])
     if row["sharding"]:
         zero = _SHARDING[row["sharding"]]
-        if framework == "megatron" and zero == 2 and pp > 1:
-            notes.append("zero2 with pp>1 expressed as zero1 (Megatron-FSDP needs pp=1)")
+        if _published_zero(row, cfg) is not None:
+            notes.append("zero2 with pp>1 expressed as zero1 (the framework's ZeRO rules refuse "
+                         "it); memory judged as zero2")
             zero = 1
         zeros = [zero]
     else:
@@ -308,16 +336,20 @@ def published_run(row: dict[str, str]) -> PublishedRun:
             return PublishedRun(row, cfg, (), step, basis, reason, tuple(notes))
         reason = f"published layout breaks rule {rule}"
         return PublishedRun(row, cfg, (), step, basis, reason, tuple(notes), rule)
-    fits = memory_fits(cfg, legal, k)
+    zero = _published_zero(row, cfg)
+    published = [lay if zero is None else dataclasses.replace(lay, zero=zero) for lay in legal]
+    fits = memory_fits(cfg, published, k)
     if fits.any():
         legal = [lay for lay, ok in zip(legal, fits, strict=True) if ok]
-    return PublishedRun(row, cfg, tuple(legal), step, basis, None, tuple(notes))
+    return PublishedRun(row, cfg, tuple(legal), step, basis, None, tuple(notes),
+                        published_zero=zero)
 
 
 def memory_fits(cfg: AutotuneConfig, layouts: list[Layout], k: Constants) -> np.ndarray:
-    """Whether each layout's predicted peak memory fits the usable GPU memory."""
+    """Whether each layout's predicted peak memory fits the usable GPU memory (within
+    RUN_MEMORY_TOLERANCE: these layouts ran)."""
     peak = estimate_memory(cfg, LayoutTable.from_layouts(layouts), k)["total"]
-    return peak <= usable_gpu_bytes(cfg, k)
+    return peak <= usable_gpu_bytes(cfg, k) * (1 + RUN_MEMORY_TOLERANCE)
 
 
 def open_dimensions(layouts: tuple[Layout, ...]) -> set[str]:

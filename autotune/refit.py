@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.calibration import TRIAL_REFIT
 from autotune.calibration import Measured
 from autotune.calibration import fit_constants
 from autotune.constants import Constants
@@ -35,9 +36,6 @@ from autotune.space import enumerate_layouts
 from autotune.space import load_space
 from autotune.specs import AutotuneConfig
 
-REFIT_CONSTANTS = ("gemm_efficiency", "gemm_half_size", "elementwise_passes", "comm_efficiency")
-"""Constants fitted to a study's trials: GEMM speed and its size dependence, memory-bound
-passes, and collective bandwidth."""
 GIB = 1024**3
 
 
@@ -249,7 +247,7 @@ def refit_study(
     *,
     space: SearchSpace | None = None,
     k: Constants | None = None,
-    names: Sequence[str] = REFIT_CONSTANTS,
+    names: Sequence[str] = TRIAL_REFIT,
     top: int = 10,
 ) -> RefitReport:
     """Compare predicted with measured step times, refit `names`, and re-rank untried layouts.

@@ -1,4 +1,14 @@
-"""Search spaces (candidate values per dimension) and their enumeration through the rules."""
+"""Search spaces (candidate values per dimension) and their enumeration through the rules.
+
+A space file may write `derived` for tp, pp, cp or vpp: the candidates then come from the model
+and the cluster (`derived_values`): tp the divisors of the GPUs per node; pp every degree that
+divides the GPUs and splits the layers (evenly, with the embedding/loss counted as layers, or with
+smaller edge stages, as the framework allows); vpp every interleaving some such pp admits; cp
+the powers of two up to seq/4096 (a chunk of at least 4096 tokens per rank). The space itself
+keeps the bounded superset (`DERIVED_SUPERSET`) as its list; `narrowed` cuts it per problem.
+ep and etp may be `auto`: their candidates follow from the model's experts and each row's
+expert grid (`candidates`). `SearchSpace.resolved` lists both for an Optuna study.
+"""
 
 from __future__ import annotations
 
@@ -20,11 +30,13 @@ from autotune.constants import constants_for
 from autotune.estimate import evaluate
 from autotune.exceptions import AutotuneError
 from autotune.exceptions import shorten
+from autotune.frameworks import framework_of
 from autotune.inputs import existing_path
 from autotune.inputs import read_structured
 from autotune.inputs import validation_message
 from autotune.layout import OFFLOADS
 from autotune.layout import RECOMPUTES
+from autotune.layout import SEARCH_DIMS
 from autotune.layout import LayoutTable
 from autotune.layout import derive_dp_gas
 from autotune.resources import resource_dir
@@ -40,6 +52,17 @@ Degree = Annotated[Integer, Field(ge=1), at_most(2**20, "a million GPUs, beyond 
 
 AUTO = "auto"
 """A dimension whose candidates follow from the model and cluster (ep and etp)."""
+DERIVED = "derived"
+"""The value a space file writes for a dimension derived from the model and the cluster."""
+DERIVED_SUPERSET: dict[str, list[int]] = {
+    "tp": [1, 2, 4, 8, 16],
+    "pp": list(range(1, 65)),
+    "cp": [1, 2, 4, 8, 16, 32, 64],
+    "vpp": list(range(1, 17)),
+}
+"""The candidates a derived dimension may take on any problem."""
+CP_MIN_TOKENS = 4096
+"""Fewest tokens per context-parallel rank a derived cp leaves (cp up to seq/4096)."""
 
 
 class SearchSpace(BaseModel):
@@ -77,25 +100,39 @@ class SearchSpace(BaseModel):
     etp: list[Degree] | Literal["auto"] = Field(default=AUTO, min_length=1)
     """Expert tensor-parallel degrees. auto: 1 and the candidate's tp for a MoE model (the
     MoE guide's recommendation and Megatron-LM's default); 1 for a dense model."""
+    derived: list[str] = Field(default=[])
+    """Dimensions whose candidates are derived per problem (`derived_values`) within their
+    list."""
 
     def model_post_init(self, _: Any) -> None:
         if any(z not in (0, 1, 2, 3) for z in self.zero):
             raise ValueError("zero: values must be among 0, 1, 2, 3")
+        if set(self.derived) - set(DERIVED_SUPERSET):
+            raise ValueError(f"derived: only {', '.join(DERIVED_SUPERSET)} can be derived")
         for dim, options in (("offload", OFFLOADS), ("recompute", RECOMPUTES)):
             bad = [v for v in getattr(self, dim) if v not in options]
             if bad:
                 raise ValueError(f"{dim}: {bad} not among {', '.join(options)}")
 
+    @property
+    def size(self) -> int:
+        """Candidates before any rule (of a resolved space: `auto` dimensions listed)."""
+        if AUTO in (self.ep, self.etp):
+            raise AutotuneError(f"search space {self.name}: resolve it for the problem first")
+        return int(np.prod([len(getattr(self, d)) for d in SEARCH_DIMS]))
+
     def resolved(self, cfg: AutotuneConfig) -> SearchSpace:
-        """This space with every `auto` dimension listed for the problem: all the values its
-        candidates can take (what an Optuna study chooses from)."""
+        """This space for the problem: derived dimensions narrowed, every `auto` dimension
+        listed with all the values its candidates can take (what an Optuna study chooses
+        from)."""
+        space = narrowed(cfg, self)
         moe = cfg.model.moe
         experts = cfg.model.num_experts or 1
         ep = [d for d in range(1, experts + 1) if experts % d == 0 and cfg.world_size % d == 0]
-        etp = sorted({1, *self.tp}) if moe else [1]
-        return self.model_copy(update={
-            "ep": ep if self.ep == AUTO else self.ep,
-            "etp": etp if self.etp == AUTO else self.etp,
+        etp = sorted({1, *space.tp}) if moe else [1]
+        return space.model_copy(update={
+            "ep": ep if space.ep == AUTO else space.ep,
+            "etp": etp if space.etp == AUTO else space.etp,
         })
 
 
@@ -121,12 +158,51 @@ def load_space(ref: str | None, framework: str) -> SearchSpace:
     dims = data.get("dims", data)
     if not isinstance(dims, dict):
         raise AutotuneError(f"--space: {path}: dims must be a mapping of dimension: [values]")
+    dims = dict(dims)
+    derived = [dim for dim, value in dims.items() if value == DERIVED]
+    wrong = sorted(set(derived) - set(DERIVED_SUPERSET))
+    if wrong:
+        raise AutotuneError(f"--space {path}: {', '.join(wrong)} cannot be '{DERIVED}'; only "
+                            f"{', '.join(DERIVED_SUPERSET)} can")
+    dims.update({dim: DERIVED_SUPERSET[dim] for dim in derived})
     try:
-        return SearchSpace(name=str(path.stem), **dims)
+        return SearchSpace(name=str(path.stem), derived=derived, **dims)
     except ValidationError as error:
         raise AutotuneError(validation_message(error, f"--space {path}")) from None
     except (ValueError, TypeError) as error:
         raise AutotuneError(f"--space {path}: {error}") from None
+
+
+def derived_values(cfg: AutotuneConfig, dim: str) -> list[int]:
+    """The candidates of a derived dimension for this model and cluster (see the module)."""
+    world, layers = cfg.world_size, cfg.model.num_layers
+    if dim == "tp":
+        gpn = cfg.cluster.gpus_per_node
+        return [t for t in range(1, gpn + 1) if gpn % t == 0]
+    if dim == "cp":
+        most = max(1, cfg.train.seq_length // CP_MIN_TOKENS)
+        return [c for c in DERIVED_SUPERSET["cp"] if c <= most and world % c == 0]
+    pairs = _pipeline_pairs(cfg, [p for p in range(1, min(layers, world) + 1) if world % p == 0],
+                            DERIVED_SUPERSET["vpp"])
+    if dim == "pp":
+        return sorted({p for p, _ in pairs})
+    return sorted({v for _, v in pairs})
+
+
+def _pipeline_pairs(cfg: AutotuneConfig, pps: list[int], vpps: list[int]) -> list[tuple[int, int]]:
+    """(pp, vpp) pairs whose layer split the framework accepts."""
+    grid = np.array([(p, v) for p in pps for v in vpps if v == 1 or p > 1], dtype=np.int64)
+    legal = framework_of(cfg).split_layers(cfg, grid[:, 0], grid[:, 1]).legal
+    return [(int(p), int(v)) for p, v in grid[legal]]
+
+
+def narrowed(cfg: AutotuneConfig, space: SearchSpace) -> SearchSpace:
+    """The space with each derived dimension narrowed to this problem's candidates."""
+    update = {}
+    for dim in space.derived:
+        values = [v for v in derived_values(cfg, dim) if v in getattr(space, dim)]
+        update[dim] = values or getattr(space, dim)[:1]
+    return space.model_copy(update=update)
 
 
 def _cross(
@@ -164,8 +240,9 @@ def _expert_columns(
 
 
 def candidates(cfg: AutotuneConfig, space: SearchSpace) -> LayoutTable:
-    """The cartesian product of the space (ep and etp per row where `auto`), with dp and gas
-    derived (0 where impossible)."""
+    """The cartesian product of the space (derived dimensions narrowed to the problem; ep and
+    etp per row where `auto`), with dp and gas derived (0 where impossible)."""
+    space = narrowed(cfg, space)
     grids = np.meshgrid(
         np.array(space.tp),
         np.array(space.pp),

@@ -531,6 +531,9 @@ class TrainSpec(BaseModel):
     """Fused attention that never stores the s×s score matrix (FlashAttention / cuDNN)."""
     overlap_grad_reduce: StrictBool = True
     """Data-parallel gradient reduction overlaps the last backward pass."""
+    tp_comm_overlap: bool = False
+    """Tensor-parallel collectives run in chunks under the GEMMs (Transformer Engine userbuffers:
+    Megatron's `--tp-comm-overlap`, with sequence parallelism only)."""
 
     @property
     def tokens_per_step(self) -> int:

@@ -153,6 +153,14 @@ class Framework(abc.ABC):
     """How cp exchanges data: a K/V ring overlapped with attention, or head all-to-alls."""
     zero2_reduces_every_microbatch: ClassVar[bool] = False
     """ZeRO-2 reduce-scatters gradients after every micro-batch, not once per step."""
+    tp_async_backward: ClassVar[bool] = False
+    """Tensor-parallel collectives of the backward run asynchronously under the GEMMs that do not
+    need them (Megatron's LinearWithGradAccumulationAndAsyncCommunication)."""
+    tp_comm_overlap: ClassVar[bool] = False
+    """Can overlap tensor-parallel collectives with the GEMMs (`TrainSpec.tp_comm_overlap`)."""
+    param_gather_overlaps_forward: ClassVar[bool] = False
+    """With overlapped gradient reduction, the sharded optimizer's parameter all-gather runs
+    under the next forward (Megatron's --overlap-param-gather) instead of after the step."""
     tp_may_exceed_query_groups: ClassVar[bool] = False
     """tp may be a multiple of the key/value heads (they are then replicated)."""
     trains_on_cpu: ClassVar[bool] = False
@@ -185,6 +193,12 @@ class Framework(abc.ABC):
     def buffer_bytes(self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> np.ndarray:
         """Communication buffers the framework allocates beyond the model states."""
         return np.zeros(len(t))
+
+    def grad_bucket_params(
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray
+    ) -> np.ndarray:
+        """Parameters per gradient-reduction bucket (one bucket of everything by default)."""
+        return np.maximum(params, 1)
 
     def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int:
         """Bytes per gradient element in the data-parallel reduction."""

@@ -102,8 +102,8 @@ def _hidden(cfg, t, k):
 @rule(
     COMMON_RULES,
     "layers_divisible_by_pp_vpp",
-    "num_layers ({m.num_layers}) must split over pp·vpp = {l.pp}·{l.vpp} chunks, evenly or with "
-    "smaller first/last stages as Megatron allows",
+    "num_layers ({m.num_layers}) must split over pp·vpp = {l.pp}·{l.vpp} chunks: evenly, or as "
+    "Megatron allows with the embedding/loss counted as layers or smaller first/last stages",
     RuleGroup.PIPELINE,
 )
 def _layers(cfg, t, k):

@@ -212,6 +212,12 @@ class DeepSpeed(Framework):
         host = offloaded * 16 * params / n + (off == 2) * 2 * params / n
         return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
 
+    def grad_bucket_params(
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray
+    ) -> np.ndarray:
+        """The reduce bucket the rendered ds_config.json sets (`bucket_elements`)."""
+        return bucket_elements(params)
+
     def buffer_bytes(self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> np.ndarray:
         """overlap_comm double-buffers the reduce bucket; ZeRO-3 adds a prefetch bucket."""
         bucket = bucket_elements(params)

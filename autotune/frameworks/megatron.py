@@ -24,9 +24,9 @@ from autotune.frameworks.base import rule
 from autotune.frameworks.megatron_args import fsdp
 from autotune.frameworks.megatron_args import megatron_args
 from autotune.frameworks.megatron_args import needs_single_connection
+from autotune.frameworks.megatron_args import pipeline_plan
 from autotune.frameworks.megatron_args import pipeline_split
 from autotune.frameworks.megatron_args import token_dispatcher
-from autotune.frameworks.megatron_args import uneven_edge_layers
 from autotune.frameworks.megatron_log import MegatronLog
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
@@ -129,6 +129,9 @@ class Megatron(Framework):
     artifacts = ("pretrain_gpt.sh", "sbatch.sh")
     default_zero = 1
     context_parallel = "ring"
+    tp_async_backward = True
+    tp_comm_overlap = True
+    param_gather_overlaps_forward = True
     tp_may_exceed_query_groups = True
     checkout_env = "MEGATRON_LM"
     rules: ClassVar[tuple[Rule, ...]] = tuple(MEGATRON_RULES)
@@ -143,8 +146,8 @@ class Megatron(Framework):
         return -(-vocab // multiple) * multiple
 
     def split_layers(self, cfg: AutotuneConfig, pp: np.ndarray, vpp: np.ndarray) -> StageSplit:
-        """Even over pp·vpp chunks, or smaller first and last stages (`uneven_edge_layers`)."""
-        num_layers = cfg.model.num_layers
+        """Megatron's placement (`pipeline_plan`): even over pp·vpp chunks, the embedding/loss
+        counted as layers, or smaller first and last stages."""
         n = pp.shape[0]
         first, middle, last = (np.zeros(n, dtype=np.int64) for _ in range(3))
         uneven = np.zeros(n, dtype=bool)
@@ -153,19 +156,13 @@ class Megatron(Framework):
         keys = pp * width + vpp  # one per (pp, vpp) pair; bincount finds those present
         for key in np.flatnonzero(np.bincount(keys)).tolist():
             p, v = divmod(key, width)
+            plan = pipeline_plan(cfg.model.num_layers, p, v)
+            if plan is None:
+                continue
             rows = keys == key
-            if p > num_layers:
-                continue
-            if num_layers % (p * v) == 0:
-                even = num_layers // p
-                first[rows], middle[rows], last[rows] = even, even, even
-                legal[rows] = True
-                continue
-            edge = uneven_edge_layers(num_layers, p, v)
-            if edge is not None:
-                first[rows], last[rows] = edge, edge
-                middle[rows] = (num_layers - 2 * edge) // (p - 2)
-                uneven[rows], legal[rows] = True, True
+            first[rows], middle[rows], last[rows] = plan.first, plan.middle, plan.last
+            uneven[rows] = plan.first != plan.middle or plan.last != plan.middle
+            legal[rows] = True
         return StageSplit(first=first, middle=middle, last=last, uneven=uneven, legal=legal)
 
     def state_bytes(
@@ -181,6 +178,13 @@ class Megatron(Framework):
         optimizer = np.where(offloaded, 0.0, optimizer)
         host = offloaded * 12 * params / n
         return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
+
+    def grad_bucket_params(
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray
+    ) -> np.ndarray:
+        """max(40M, 1M · dp·cp) parameters: megatron-core DistributedDataParallel's default
+        `bucket_size` (megatron/core/distributed/distributed_data_parallel.py)."""
+        return np.maximum(40_000_000, 1_000_000 * t.shard_degree)
 
     def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int:
         """fp32: Megatron accumulates and reduces gradients in fp32 (`validate_args` for bf16)."""
@@ -226,9 +230,14 @@ class Megatron(Framework):
                          f"{layout.pp}) with the {token_dispatcher(layout)} token dispatcher; "
                          "--moe-grouped-gemm needs Transformer Engine and a GPU of compute "
                          "capability >= 8")
-        if pipeline_split(cfg, layout)[1] is not None:
+        plan = pipeline_split(cfg, layout)
+        if plan.edge:
             notes.append("pipeline: layers do not divide over pp·vpp, so the first and last "
                          "stages hold fewer layers (--decoder-first/last-pipeline-num-layers)")
+        elif plan.account_embedding or plan.account_loss:
+            notes.append("pipeline: the embedding and/or the loss count as pipeline layers "
+                         "(--account-for-embedding/loss-in-pipeline-split), so the first/last "
+                         "stage builds one transformer layer fewer")
         return notes
 
 
@@ -254,11 +263,11 @@ def launch_script(
         train_iters: Default iterations of a trial script.
         trial: Render for a short trial on synthetic data (what autotune's runners run).
     """
-    _, edge = pipeline_split(cfg, layout)
+    plan = pipeline_split(cfg, layout)
     return render_template(
         "megatron/pretrain_gpt.sh.j2", **header(cfg, layout), megatron_lm=megatron_lm,
         flag_lines=flag_lines(megatron_args(cfg, layout)),
-        single_connection=needs_single_connection(layout), fsdp=fsdp(layout), uneven_edge=edge,
+        single_connection=needs_single_connection(layout), fsdp=fsdp(layout), plan=plan,
         trial=trial, train_iters=train_iters, vocab_size=cfg.model.vocab_size,
         tokens_per_iteration=layout.global_batch_size * cfg.train.seq_length,
     )

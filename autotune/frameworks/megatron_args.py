@@ -28,6 +28,7 @@ share their pipeline groups (parallel_state.py:904).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from autotune.exceptions import AutotuneError
@@ -74,23 +75,68 @@ def uneven_edge_layers(num_layers: int, pp: int, vpp: int = 1) -> int | None:
     return None
 
 
-def pipeline_split(cfg: AutotuneConfig, layout: Layout) -> tuple[int | None, int | None]:
-    """(layers per virtual stage, layers on the first/last stage) for the pipeline flags.
+@dataclasses.dataclass(frozen=True, slots=True)
+class PipelinePlan:
+    """Where Megatron puts the transformer layers of a pp x vpp pipeline.
 
-    The first is set for an even split with vpp > 1; the second when layers do not divide
-    over pp·vpp and Megatron needs smaller first and last stages. Raises AutotuneError when
-    neither works.
+    One of: an even split; the embedding and/or the loss counted as one layer each
+    (`--account-for-embedding-in-pipeline-split`, `--account-for-loss-in-pipeline-split`: the
+    layers plus the accounted ones split evenly over pp·vpp chunks, and the first chunk of the
+    first stage, or the last chunk of the last stage, builds one transformer layer fewer); or
+    smaller first and last stages (`edge`, `--decoder-first/last-pipeline-num-layers`).
+    Megatron-LM `megatron/training/arguments.py` and megatron-core `transformer_config.py` /
+    `transformer_block.get_num_layers_to_build` (NVIDIA/Megatron-LM at d98e8a64).
     """
-    layers, pp, vpp = cfg.model.num_layers, layout.pp, layout.vpp
-    if layers % (pp * vpp) == 0:
-        return (layers // (pp * vpp) if vpp > 1 else None), None
-    edge = uneven_edge_layers(layers, pp, vpp)
+
+    first: int
+    """Transformer layers on the first stage (all its chunks)."""
+    middle: int
+    """Transformer layers on each middle stage."""
+    last: int
+    """Transformer layers on the last stage."""
+    account_embedding: bool = False
+    """The embedding counts as a layer of the first stage."""
+    account_loss: bool = False
+    """The output layer and loss count as a layer of the last stage."""
+    edge: bool = False
+    """First and last stage hold `first` (= `last`) layers, set explicitly."""
+
+
+_ACCOUNTING = ((True, True), (True, False), (False, True))
+"""Embedding/loss accounting tried in order: both (Megatron-Bridge's Llama 3.1 405B recipe),
+then the embedding alone (the lighter stage is the first, which holds the most activations)."""
+
+
+def pipeline_plan(num_layers: int, pp: int, vpp: int = 1) -> PipelinePlan | None:
+    """How Megatron splits `num_layers` over pp stages of vpp chunks, or None when it cannot:
+    evenly, else with the embedding/loss accounted as layers, else with smaller edge stages."""
+    if pp < 1 or vpp < 1 or (vpp > 1 and pp == 1):
+        return None
+    if num_layers % (pp * vpp) == 0:
+        even = num_layers // pp
+        return PipelinePlan(even, even, even)
+    for embedding, loss in _ACCOUNTING if pp > 1 else ():
+        counted = num_layers + embedding + loss
+        if counted % pp == 0 and (counted // pp) % vpp == 0:
+            per = counted // pp
+            return PipelinePlan(per - embedding, per, per - loss, embedding, loss)
+    edge = uneven_edge_layers(num_layers, pp, vpp)
     if edge is None:
+        return None
+    return PipelinePlan(edge, (num_layers - 2 * edge) // (pp - 2), edge, edge=True)
+
+
+def pipeline_split(cfg: AutotuneConfig, layout: Layout) -> PipelinePlan:
+    """The layout's pipeline plan; raises AutotuneError when Megatron cannot split the layers."""
+    layers, pp, vpp = cfg.model.num_layers, layout.pp, layout.vpp
+    plan = pipeline_plan(layers, pp, vpp)
+    if plan is None:
         raise AutotuneError(
-            f"megatron: {layers} layers do not split over pp·vpp = {pp}·{vpp}, evenly or with "
-            "smaller first/last stages; pick pp and vpp that divide the layers"
+            f"megatron: {layers} layers do not split over pp·vpp = {pp}·{vpp}: not evenly, not "
+            "with the embedding/loss counted as layers, not with smaller first/last stages "
+            "(layers_divisible_by_pp_vpp); pick pp and vpp that divide the layers"
         )
-    return None, edge
+    return plan
 
 
 def _number(value: float) -> str:
@@ -123,17 +169,27 @@ def _parallel_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
         "--pipeline-model-parallel-size", str(layout.pp),
         "--context-parallel-size", str(layout.cp),
     ]
-    per_virtual_stage, edge = pipeline_split(cfg, layout)
-    if per_virtual_stage is not None:
-        args += ["--num-layers-per-virtual-pipeline-stage", str(per_virtual_stage)]
-    if edge is not None:
+    plan = pipeline_split(cfg, layout)
+    if plan.edge:
         # arguments.py rejects --num-layers-per-virtual-pipeline-stage with uneven stages
         if layout.vpp > 1:
             args += ["--num-virtual-stages-per-pipeline-rank", str(layout.vpp)]
-        args += ["--decoder-first-pipeline-num-layers", str(edge),
-                 "--decoder-last-pipeline-num-layers", str(edge)]
+        args += ["--decoder-first-pipeline-num-layers", str(plan.first),
+                 "--decoder-last-pipeline-num-layers", str(plan.last)]
+    elif plan.account_embedding or plan.account_loss:
+        if layout.vpp > 1:
+            args += ["--num-virtual-stages-per-pipeline-rank", str(layout.vpp)]
+        if plan.account_embedding:
+            args.append("--account-for-embedding-in-pipeline-split")
+        if plan.account_loss:
+            args.append("--account-for-loss-in-pipeline-split")
+    elif layout.vpp > 1:
+        args += ["--num-layers-per-virtual-pipeline-stage",
+                 str(cfg.model.num_layers // (layout.pp * layout.vpp))]
     if layout.sp:
         args.append("--sequence-parallel")
+        if cfg.train.tp_comm_overlap:
+            args.append("--tp-comm-overlap")
     return args + _expert_args(cfg, layout)
 
 
@@ -227,7 +283,7 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
     """
     precision = cfg.train.precision
     dtype = _dtype(cfg)
-    _, edge = pipeline_split(cfg, layout)
+    plan = pipeline_split(cfg, layout)
     kwargs: dict[str, Any] = {
         **model_config_kwargs(cfg.model),
         "tensor_model_parallel_size": layout.tp,
@@ -235,6 +291,7 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
         "virtual_pipeline_model_parallel_size": layout.vpp if layout.vpp > 1 else None,
         "context_parallel_size": layout.cp,
         "sequence_parallel": layout.sp,
+        "tp_comm_overlap": layout.sp and cfg.train.tp_comm_overlap,
         "bf16": precision in ("bf16", "fp8"),
         "fp16": precision == "fp16",
         "params_dtype": dtype,
@@ -245,9 +302,13 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
                       moe_token_dispatcher_type=token_dispatcher(layout))
     if precision == "fp8":
         kwargs["fp8"] = "hybrid"
-    if edge is not None:
-        kwargs["num_layers_in_first_pipeline_stage"] = edge
-        kwargs["num_layers_in_last_pipeline_stage"] = edge
+    if plan.edge:
+        kwargs["num_layers_in_first_pipeline_stage"] = plan.first
+        kwargs["num_layers_in_last_pipeline_stage"] = plan.last
+    if plan.account_embedding:
+        kwargs["account_for_embedding_in_pipeline_split"] = True
+    if plan.account_loss:
+        kwargs["account_for_loss_in_pipeline_split"] = True
     if layout.recompute != "none":
         kwargs["recompute_granularity"] = layout.recompute
     if layout.recompute == "full":

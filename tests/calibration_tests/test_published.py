@@ -10,6 +10,7 @@ import pytest
 from autotune.calibration import at_bounds
 from autotune.calibration import leave_one_source_out
 from autotune.calibration import published_points
+from autotune.constants import FIT_BOUNDS
 from autotune.constants import Constants
 from autotune.published import CONVENTIONS
 from autotune.published import PUBLISHED_RUNS
@@ -154,12 +155,12 @@ def test_data_files_point_only_upstream() -> None:
         ("mbridge_2509_h100_deepseekv3_1024", "MoE"),
         ("mbridge_2511_b200_llama38b_8", "no cluster preset for GPU B200"),
         ("tt_a100_l3_8b_sel_layer", "recompute policy"),
-        ("mbridge_recipe_llama31_405b_256gpu_h100_bf16", "pipeline accounting"),
+        ("tt_a100_l2_70b_sel_op", "recompute policy 'selective-op'"),
     ],
 )
 def test_rows_the_model_cannot_express_are_skipped_with_the_reason(row_id, reason) -> None:
-    """Oracle: the row's own cells (experts, GPU type, torchtitan's every-2nd-layer checkpoint,
-    Megatron-Bridge's account_for_embedding/loss flags) against what autotune can express."""
+    """Oracle: the row's own cells (experts, GPU type, torchtitan's every-2nd-layer and per-op
+    checkpointing) against what autotune can express."""
     run = published_run(ROWS[row_id])
     assert run.skip and reason in run.skip
 
@@ -188,10 +189,32 @@ def test_leave_one_source_out_never_fits_on_the_held_out_source() -> None:
 
 
 def test_constants_on_a_fit_bound_are_flagged() -> None:
-    """Oracle: FIT_BOUNDS as written: comm_efficiency (0.3, 0.9), elementwise_passes (0, 12);
-    within 1 % of a limit (1 % of the range for the zero limit) is on the bound."""
-    on = Constants(comm_efficiency=0.895, elementwise_passes=0.1)
-    off = Constants(comm_efficiency=0.85, elementwise_passes=0.2)
+    """Oracle: the fit bounds as written in autotune/constants.py: comm_efficiency 0.5-0.95,
+    elementwise_passes 0.5-4; within 1 % of a limit is on the bound."""
+    on = Constants(comm_efficiency=0.945, elementwise_passes=0.504)
+    off = Constants(comm_efficiency=0.9, elementwise_passes=0.6)
     assert at_bounds(on, ("comm_efficiency", "elementwise_passes")) == [
-        ("comm_efficiency", "upper", 0.9), ("elementwise_passes", "lower", 0.0)]
+        ("comm_efficiency", "upper", 0.95), ("elementwise_passes", "lower", 0.5)]
     assert at_bounds(off, ("comm_efficiency", "elementwise_passes")) == []
+
+
+def test_every_constant_documents_unit_source_and_bounds() -> None:
+    """Oracle: the rule this model keeps: each constant states its unit and source, and each one
+    the fit may move the same bounds its metadata holds (the default inside them)."""
+    for name, field in Constants.model_fields.items():
+        doc = field.description or ""
+        assert "Unit:" in doc and "Source:" in doc, name
+        if name in FIT_BOUNDS:
+            low, high = FIT_BOUNDS[name]
+            assert f"Fit bounds {low:g}-{high:g}" in doc, name
+            assert low <= getattr(Constants(), name) <= high, name
+
+
+def test_torchtitan_per_op_checkpointing_is_not_megatron_selective() -> None:
+    """Oracle: torchtitan `train_configs/llama3_8b.toml` @ e7c0cae sets selective_ac_option = "op"
+    (the benchmark's own commit); the rows record that policy, which autotune cannot express, so
+    they are skipped instead of being read as Megatron's selective recompute."""
+    rows = [row for row in ROWS.values() if row["recompute"] == "selective-op"]
+    assert {row["source_id"] for row in rows} == {"torchtitan"}
+    assert len(rows) == 5
+    assert all("selective-op" in published_run(row).skip for row in rows)

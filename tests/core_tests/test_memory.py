@@ -7,11 +7,13 @@ from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
 from autotune.constants import Constants
+from autotune.constants import constants_for
 from autotune.estimate import estimate
 from autotune.frameworks import get_framework
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.memory import GIB
+from autotune.memory import usable_gpu_bytes
 
 K = Constants()
 
@@ -166,3 +168,62 @@ def test_zero3_with_ulysses_shards_over_dp_times_cp(cp: int) -> None:
         cfg.model.num_params(), largest, 8, 1, cpu_offload=False, cpu_offload_params=False
     )
     assert _model_states(cfg, layout) == pytest.approx(gpu, rel=0.01)
+
+
+def test_a_model_trained_without_dropout_stores_no_masks() -> None:
+    """Oracle: Korthikanti et al. 2022 §4.1 term by term for Llama 3 8B (SwiGLU, GQA 8 of 32
+    heads, no dropout), tp 1, s = 8192, b = 1: norm inputs 4sbh, QKV and MLP inputs 2sbh + 2sbh,
+    Q 2sbh, K and V 4sbh·8/32, attention output 2sbh, gate/up/activation 6sbf, and none of the
+    two 1-byte dropout masks (sbh each) a model with dropout keeps."""
+    cfg = load_config("llama3-8b", "dgx-h100:1", global_batch_size=8)
+    assert cfg.model.hidden_dropout == 0
+    layout = Layout.parse("tp=1,pp=1,zero=1,mbs=1,recompute=none", 8, 8, "megatron")
+    s, h, f = 8192, 4096, 14336
+    per_layer = s * h * (4 + 2 + 2 + 2 + 4 * 8 / 32 + 2) + 6 * s * f
+    acts = estimate(cfg, layout, K).memory_parts["activations"]
+    embedding = (8 * s + s * h)  # Megatron's embedding-stage term 8sb + sbh (p = 1)
+    assert acts == pytest.approx(32 * per_layer + embedding, rel=1e-6)
+    dropout = cfg.model_copy(update={"model": cfg.model.model_copy(
+        update={"hidden_dropout": 0.1, "attention_dropout": 0.1})})
+    assert estimate(dropout, layout, K).memory_parts["activations"] == pytest.approx(
+        acts + 32 * 2 * s * h, rel=1e-6)
+
+
+def test_a_recipe_that_cannot_hold_its_own_model_states() -> None:
+    """Oracle: arithmetic on Megatron-Bridge's `llama3_8b_pretrain_2gpu_h100_bf16_config`
+    (tp 1, cp 2, distributed optimizer, fp32 main gradients and Adam states): 8.03e9 parameters
+    · (2 B weights + 4 B gradients + 12 B / 2 ranks of optimizer) = 96 GB = 89.7 GiB before any
+    activation, more than an 80 GB H100: the memory model must say so (it is a recipe, no
+    published run)."""
+    cfg = load_config("llama3-8b", "dgx-h100:1", global_batch_size=512)
+    cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"gpus_per_node": 2})})
+    layout = Layout.parse("tp=1,pp=1,cp=2,zero=1,mbs=1,recompute=none", 2, 512, "megatron")
+    params = cfg.model.num_params(128256)
+    assert params == 8_030_261_248
+    parts = estimate(cfg, layout, K).memory_parts
+    states = parts["weights"] + parts["gradients"] + parts["optimizer"]
+    assert states == pytest.approx(params * (2 + 4 + 12 / 2), rel=1e-6)
+    assert states / GIB > cfg.cluster.gpu.memory_gb
+
+
+def test_published_fsdp_zero2_with_a_pipeline_is_judged_as_it_ran() -> None:
+    """Oracle: Llama 3 §3.3.2 (FSDP shards optimizer states and gradients with pp = 16) and
+    Megatron's state bytes: autotune renders it as the distributed optimizer (Megatron-FSDP has
+    no pp), whose fp32 gradients are not sharded. The run is judged with its own sharding: the
+    difference is 4 B · (1 − 1/64) of the most loaded stage's parameters, 8 layers of
+    3,187,703,808 parameters per layer (norms replicated, the rest split over tp 8): 11.69 GiB."""
+    from autotune.published import published_run
+    from autotune.published import read_rows
+
+    row = next(r for r in read_rows() if r["row_id"] == "llama3_t4_1")
+    run = published_run(row)
+    layout = next(lay for lay in run.layouts if lay.mbs == 1 and lay.vpp == 1 and lay.sp)
+    assert layout.zero == 1 and run.as_published(layout).zero == 2
+    k = constants_for(run.cfg.cluster.gpu)
+    rendered = estimate(run.cfg, layout, k).memory_parts["gradients"]
+    published = estimate(run.cfg, run.as_published(layout), k).memory_parts["gradients"]
+    layer = 16384 * (16384 + 2 * 1024) + 16384 * 16384 + 3 * 16384 * 53248 + 2 * 16384
+    stage = 8 * ((layer - 2 * 16384) / 8 + 2 * 16384)
+    assert (rendered - published) / GIB == pytest.approx(4 * stage * (1 - 1 / 64) / GIB, rel=1e-3)
+    assert estimate(run.cfg, run.as_published(layout), k).peak_memory_bytes <= (
+        usable_gpu_bytes(run.cfg, k) * 1.03)

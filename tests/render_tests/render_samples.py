@@ -11,7 +11,7 @@ from autotune import Layout
 from autotune import enumerate_layouts
 from autotune import load_config
 from autotune import load_space
-from autotune.frameworks.megatron_args import uneven_edge_layers
+from autotune.frameworks.megatron_args import pipeline_plan
 
 PROBLEMS = (
     # (model, cluster, precision or None for the preset's default)
@@ -32,10 +32,13 @@ TOP = 10
 
 
 def _uneven(cfg: AutotuneConfig, layout: Layout) -> bool:
-    layers = cfg.model.num_layers
-    return layers % (layout.pp * layout.vpp) != 0 and (
-        uneven_edge_layers(layers, layout.pp, layout.vpp) is not None
-    )
+    plan = pipeline_plan(cfg.model.num_layers, layout.pp, layout.vpp)
+    return plan is not None and plan.edge
+
+
+def _accounted(cfg: AutotuneConfig, layout: Layout) -> bool:
+    plan = pipeline_plan(cfg.model.num_layers, layout.pp, layout.vpp)
+    return plan is not None and (plan.account_embedding or plan.account_loss)
 
 
 FEATURES: dict[str, Callable[[AutotuneConfig, Layout], bool]] = {
@@ -54,6 +57,8 @@ FEATURES: dict[str, Callable[[AutotuneConfig, Layout], bool]] = {
     "full": lambda c, lay: lay.recompute == "full",
     "uneven": _uneven,
     "uneven-vpp": lambda c, lay: _uneven(c, lay) and lay.vpp > 1,
+    "accounted": _accounted,
+    "accounted-vpp": lambda c, lay: _accounted(c, lay) and lay.vpp > 1,
     "pp-full": lambda c, lay: lay.pp > 1 and lay.recompute == "full",
     "fsdp-tp": lambda c, lay: lay.zero >= 2 and lay.tp > 1,
     "moe": lambda c, lay: c.model.moe,

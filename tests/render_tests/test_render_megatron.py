@@ -6,8 +6,12 @@ import dataclasses
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch.distributed
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 from megatron_core_oracle import megatron_core_refusal
 from render_samples import FEATURES
 from render_samples import Case
@@ -16,9 +20,11 @@ from render_samples import sample
 
 from autotune import AutotuneError
 from autotune import Layout
+from autotune.frameworks import get_framework
 from autotune.frameworks.megatron_args import ddp_config_kwargs
 from autotune.frameworks.megatron_args import megatron_args
 from autotune.frameworks.megatron_args import optimizer_config_kwargs
+from autotune.frameworks.megatron_args import pipeline_plan
 from autotune.frameworks.megatron_args import transformer_config_kwargs
 from autotune.frameworks.megatron_model import transformer_config_class
 from autotune.render import megatron_launch_script
@@ -28,6 +34,7 @@ with warnings.catch_warnings():  # megatron-core warns that Transformer Engine /
     warnings.simplefilter("ignore")
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.utils import get_te_version
 
@@ -178,21 +185,57 @@ def test_sample_covers_every_megatron_feature() -> None:
     covered = {name for name, check in FEATURES.items()
                if any(check(case.cfg, case.layout) for case in cases)}
     wanted = {"zero0", "zero1", "zero2", "zero3", "offload-optimizer", "tp", "pp", "vpp", "cp",
-              "sp", "selective", "full", "uneven", "uneven-vpp", "fsdp-tp", "moe", "ep", "etp",
-              "ep-pp", "ep-cp", "ep-beyond-dp", "ep-fsdp"}
+              "sp", "selective", "full", "accounted", "accounted-vpp", "fsdp-tp", "moe", "ep",
+              "etp", "ep-pp", "ep-cp", "ep-beyond-dp", "ep-fsdp"}
     assert wanted <= covered
 
 
-def test_llama3_405b_uneven_pipeline() -> None:
+def _megatron_stage_layers(kwargs: dict) -> list[int]:
+    """Transformer layers megatron-core builds on each pipeline rank (all its virtual stages)."""
+    config = TransformerConfig(**kwargs)
+    vpp = config.virtual_pipeline_model_parallel_size or 1
+    return [sum(get_num_layers_to_build(config, vp_stage=v if vpp > 1 else None, pp_rank=r)
+                for v in range(vpp)) for r in range(config.pipeline_model_parallel_size)]
+
+
+@pytest.mark.parametrize(("pp", "vpp"), [(16, 1), (16, 2), (8, 2), (16, 8)])
+def test_llama3_405b_counts_embedding_and_loss_as_layers(pp: int, vpp: int) -> None:
+    """Oracle: megatron-core's own `get_num_layers_to_build` on the rendered TransformerConfig.
+    126 layers plus the embedding and the loss make 128 = pp·vpp·k, as Megatron-Bridge's
+    Llama 3.1 405B recipe runs (pp 8, vpp 2); every vpp > 1 was rejected before."""
     cfg = problem("llama3-405b", "dgx-h100:2048", "megatron", None)
-    layout = Layout(tp=8, pp=16, cp=8, dp=16, zero=1, gas=128, sp=True)
+    cp = 16384 // (8 * pp * 16)
+    layout = Layout(tp=8, pp=pp, cp=cp, dp=16, vpp=vpp, zero=1, gas=128, sp=True)
     flags = flag_values(megatron_args(cfg, layout))
-    assert flags["--decoder-first-pipeline-num-layers"] == ["7"]
-    assert flags["--decoder-last-pipeline-num-layers"] == ["7"]
-    assert "--num-layers-per-virtual-pipeline-stage" not in flags
-    config = TransformerConfig(**transformer_config_kwargs(cfg, layout))
-    assert config.num_layers_in_first_pipeline_stage == 7
-    assert config.num_layers_in_last_pipeline_stage == 7
+    assert "--account-for-embedding-in-pipeline-split" in flags
+    assert "--account-for-loss-in-pipeline-split" in flags
+    assert "--decoder-first-pipeline-num-layers" not in flags
+    if vpp > 1:
+        assert flags["--num-virtual-stages-per-pipeline-rank"] == [str(vpp)]
+    stages = _megatron_stage_layers(transformer_config_kwargs(cfg, layout))
+    split = get_framework("megatron").split_layers(cfg, np.array([pp]), np.array([vpp]))
+    assert stages[0] == split.first[0] == 128 // pp - 1
+    assert stages[-1] == split.last[0] == 128 // pp - 1
+    assert set(stages[1:-1]) == {split.middle[0]}
+    assert sum(stages) == 126
+
+
+@settings(max_examples=300, deadline=None)
+@given(layers=st.integers(2, 130), pp=st.integers(2, 24), vpp=st.integers(1, 6))
+def test_pipeline_plan_matches_megatron_core(layers: int, pp: int, vpp: int) -> None:
+    """Oracle: megatron-core's TransformerConfig validation and `get_num_layers_to_build`: for
+    every split autotune accepts (even, embedding/loss accounted, smaller edge stages), Megatron
+    builds exactly the layers autotune counts on the first, middle and last stage."""
+    plan = pipeline_plan(layers, pp, vpp)
+    if plan is None:
+        return
+    cfg = problem("tiny-gpt", "local", "megatron", None)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"num_layers": layers})})
+    layout = Layout(pp=pp, vpp=vpp, dp=1, gas=pp)
+    stages = _megatron_stage_layers(transformer_config_kwargs(cfg, layout))
+    assert (stages[0], stages[-1]) == (plan.first, plan.last)
+    assert all(count == plan.middle for count in stages[1:-1])
+    assert sum(stages) == layers
 
 
 def test_uneven_with_virtual_stages_uses_stages_per_rank() -> None:

@@ -2,7 +2,7 @@
 # Megatron-LM pretraining, rendered by autotune VERSION.
 # Model llama3-405b on dgx-h100:2048 (16384 GPUs = 2048 x 8).
 # Layout: tp=8,pp=16,cp=8,vpp=1,zero=1,offload=optimizer,mbs=1,recompute=selective,sp=on
-# The layers do not divide over the pipeline stages: the first and last stage hold 7 each.
+# Pipeline stages hold 7 (first), 8 (middle) and 7 (last) layers: the embedding and/or loss count as layers.
 #
 # Run on every node (sbatch.sh does this through srun):
 #   MEGATRON_LM=<checkout> NNODES=<nodes> NODE_RANK=<this node> MASTER_ADDR=<node 0> bash pretrain_gpt.sh
@@ -47,8 +47,8 @@ MEGATRON_ARGS=(
   --tensor-model-parallel-size 8
   --pipeline-model-parallel-size 16
   --context-parallel-size 8
-  --decoder-first-pipeline-num-layers 7
-  --decoder-last-pipeline-num-layers 7
+  --account-for-embedding-in-pipeline-split
+  --account-for-loss-in-pipeline-split
   --sequence-parallel
   --use-distributed-optimizer
   --overlap-grad-reduce

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Megatron-LM pretraining, rendered by autotune 0.1.0.
 # Model llama3-70b on dgx-h100:16 (128 GPUs = 16 x 8).
-# Layout: tp=4,pp=1,cp=2,vpp=1,zero=2,offload=none,mbs=1,recompute=selective,sp=on
+# Layout: tp=8,pp=1,cp=1,vpp=1,zero=2,offload=none,mbs=2,recompute=none,sp=on
 #
 # Run on every node (sbatch.sh does this through srun):
 #   MEGATRON_LM=<checkout> NNODES=<nodes> NODE_RANK=<this node> MASTER_ADDR=<node 0> bash pretrain_gpt.sh
@@ -43,9 +43,9 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
 MEGATRON_ARGS=(
-  --tensor-model-parallel-size 4
+  --tensor-model-parallel-size 8
   --pipeline-model-parallel-size 1
-  --context-parallel-size 2
+  --context-parallel-size 1
   --sequence-parallel
   --use-megatron-fsdp
   --data-parallel-sharding-strategy optim_grads
@@ -54,8 +54,7 @@ MEGATRON_ARGS=(
   --use-distributed-optimizer
   --overlap-grad-reduce
   --overlap-param-gather
-  --recompute-granularity selective
-  --micro-batch-size 1
+  --micro-batch-size 2
   --global-batch-size 512
   --num-layers 80
   --hidden-size 8192

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Megatron-LM pretraining, rendered by autotune 0.1.0.
 # Model llama3-70b on dgx-h100:16 (128 GPUs = 16 x 8).
-# Layout: tp=4,pp=4,cp=2,vpp=4,zero=1,offload=none,mbs=1,recompute=selective,sp=on
+# Layout: tp=4,pp=4,cp=2,vpp=10,zero=1,offload=none,mbs=1,recompute=none,sp=on
 #
 # Run on every node (sbatch.sh does this through srun):
 #   MEGATRON_LM=<checkout> NNODES=<nodes> NODE_RANK=<this node> MASTER_ADDR=<node 0> bash pretrain_gpt.sh
@@ -46,12 +46,11 @@ MEGATRON_ARGS=(
   --tensor-model-parallel-size 4
   --pipeline-model-parallel-size 4
   --context-parallel-size 2
-  --num-layers-per-virtual-pipeline-stage 5
+  --num-layers-per-virtual-pipeline-stage 2
   --sequence-parallel
   --use-distributed-optimizer
   --overlap-grad-reduce
   --overlap-param-gather
-  --recompute-granularity selective
   --micro-batch-size 1
   --global-batch-size 512
   --num-layers 80
