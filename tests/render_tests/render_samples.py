@@ -35,7 +35,7 @@ PROBLEMS = (
     ("llama3-8b", "dgx-h100:4", None),
     ("tiny-gpt", "local", None),
 )
-"""Problems sampled for both frameworks."""
+"""Problems of both frameworks' render tests."""
 TOP = 10
 """Best-ranked layouts of each enumeration that the examples are chosen from."""
 PROPERTY = settings(max_examples=60, deadline=None, print_blob=True)
