@@ -88,7 +88,8 @@ def test_deepspeed_accepts_every_feasible_layout(case: Case) -> None:
     is not micro-batch x accumulation x data-parallel size, and bad ZeRO, offload, precision or
     AutoTP values) reads back the layout's batch, ZeRO stage, offload, precision and degrees;
     DeepSpeed's documented limits hold: offload_param only with stage 3, a pipeline only with
-    ZeRO 0-1, Ulysses only when the heads divide over the sequence-parallel group."""
+    ZeRO 0-1 and checkpointing every layer under full recompute, Ulysses only when the heads
+    divide over the sequence-parallel group."""
     cfg, layout = case.cfg, case.layout
     config = deepspeed_config(cfg, layout)
     judged = judge(config, layout)
@@ -111,8 +112,10 @@ def test_deepspeed_accepts_every_feasible_layout(case: Case) -> None:
         assert judge(config, layout, mpu=False).train_batch_size == cfg.train.global_batch_size
     assert judged.optimizer_name == "adamw" and judged.gradient_clipping == 1.0
     assert ("pipeline" in config) == (layout.pp > 1)
-    if layout.pp > 1:
+    if layout.pp > 1:  # PipelineModule: a checkpoint interval of 0 turns checkpointing off
         assert config["pipeline"]["stages"] == layout.pp and layout.zero <= 1
+        interval = config["pipeline"]["activation_checkpoint_interval"]
+        assert interval == (1 if layout.recompute == "full" else 0)
 
 
 @PROPERTY
