@@ -86,8 +86,8 @@ class Proposal:
 def refit_constants(
     cfg: AutotuneConfig, table: LayoutTable, step_time_s: np.ndarray, base: Constants
 ) -> Constants:
-    """Maximum a posteriori TRIAL_REFIT constants: log step-time errors of the measured rows against
-    a log-normal prior around `base` (bounds from `autotune.calibration.FIT_BOUNDS`)."""
+    """Maximum a posteriori TRIAL_REFIT constants: log step-time errors of the measured rows
+    against a log-normal prior around `base` (bounds from `autotune.calibration.FIT_BOUNDS`)."""
     low = np.log([max(FIT_BOUNDS[n][0], 0.05) for n in TRIAL_REFIT])
     high = np.log([FIT_BOUNDS[n][1] for n in TRIAL_REFIT])
     start = np.clip(np.log([getattr(base, n) for n in TRIAL_REFIT]), low, high)

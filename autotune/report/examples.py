@@ -4,8 +4,8 @@ Each simulate example runs a seeded study (`autotune.search.tune` with the simul
 noise mode), sweeps the winner over 1 to 128 nodes (`autotune.scaling.sweep`), and writes the
 report; `comparison/` then compares every example folder present, including the local CPU study
 that `--with-local` runs (real timings, so not deterministic). The simulate examples are
-deterministic but for the study journal and the rendered configs' library versions, so
-`tests/report_tests` can prove them current.
+deterministic but for the study journal and the rendered configs' library versions;
+`tests/report_tests` checks every example against its own study.
 """
 
 from __future__ import annotations

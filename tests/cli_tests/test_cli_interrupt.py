@@ -13,6 +13,7 @@ from pathlib import Path
 
 import optuna
 import psutil
+import sqlalchemy
 from helpers_cli import REPO
 
 TRIAL = "sleep 1; echo '{\"step_time_s\": 1.5}' # {trial_dir}"
@@ -24,12 +25,23 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def _trials(out: Path) -> list[optuna.trial.FrozenTrial]:
-    storage = f"sqlite:///{out / 'study.db'}"
-    if not (out / "study.db").exists() or not optuna.get_all_study_names(storage):
+def _trials(out: Path, *, live: bool = False) -> list[optuna.trial.FrozenTrial]:
+    """The study's trials. `live`: the study process may still be creating the database, so
+    read it without writing (a second writer would race its schema creation) and take an
+    unfinished schema as no trials yet."""
+    path = out / "study.db"
+    storage = f"sqlite:///file:{path}?mode=ro&uri=true" if live else f"sqlite:///{path}"
+    if not path.exists():
         return []
-    name = optuna.get_all_study_names(storage)[0]
-    return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    try:
+        names = optuna.get_all_study_names(storage)
+        if not names:
+            return []
+        return optuna.load_study(study_name=names[0], storage=storage).get_trials(deepcopy=False)
+    except sqlalchemy.exc.SQLAlchemyError:
+        if live:
+            return []
+        raise
 
 
 def _ran(trials: list[optuna.trial.FrozenTrial]) -> list[optuna.trial.FrozenTrial]:
@@ -59,10 +71,10 @@ def test_sigint_mid_study_then_resume(tmp_path: Path) -> None:
     process = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    while len(_ran(_trials(out))) < 2 and process.poll() is None:
+    while len(_ran(_trials(out, live=True))) < 2 and process.poll() is None:
         assert time.monotonic() < deadline, "no two trials finished within 300 s"
         time.sleep(0.2)
-    before = {t.number: (t.params, t.value) for t in _ran(_trials(out))}
+    before = {t.number: (t.params, t.value) for t in _ran(_trials(out, live=True))}
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
 

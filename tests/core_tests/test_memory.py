@@ -177,7 +177,7 @@ def test_a_model_trained_without_dropout_stores_no_masks() -> None:
     two 1-byte dropout masks (sbh each) a model with dropout keeps."""
     cfg = load_config("llama3-8b", "dgx-h100:1", global_batch_size=8)
     assert cfg.model.hidden_dropout == 0
-    layout = Layout.parse("tp=1,pp=1,zero=1,mbs=1,recompute=none", 8, 8, "megatron")
+    layout = Layout.parse("tp=1,pp=1,zero=1,mbs=1,recompute=none", 8, 8, get_framework("megatron"))
     s, h, f = 8192, 4096, 14336
     per_layer = s * h * (4 + 2 + 2 + 2 + 4 * 8 / 32 + 2) + 6 * s * f
     acts = estimate(cfg, layout, K).memory_parts["activations"]
@@ -197,7 +197,8 @@ def test_a_recipe_that_cannot_hold_its_own_model_states() -> None:
     published run)."""
     cfg = load_config("llama3-8b", "dgx-h100:1", global_batch_size=512)
     cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"gpus_per_node": 2})})
-    layout = Layout.parse("tp=1,pp=1,cp=2,zero=1,mbs=1,recompute=none", 2, 512, "megatron")
+    layout = Layout.parse("tp=1,pp=1,cp=2,zero=1,mbs=1,recompute=none", 2, 512,
+                          get_framework("megatron"))
     params = cfg.model.num_params(128256)
     assert params == 8_030_261_248
     parts = estimate(cfg, layout, K).memory_parts

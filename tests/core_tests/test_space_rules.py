@@ -1,6 +1,8 @@
-"""Rules and enumeration."""
+"""Rules and enumeration: each rule on cases worked out by hand, the space's size and order."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -30,6 +32,7 @@ def _broken(cfg, text: str) -> list[str]:
 
 
 def test_every_rule_has_a_reason() -> None:
+    """Oracle: the documented contract of a rule: a one-line reason to show the user."""
     for rule in RULES.values():
         assert rule.reason and "\n" not in rule.reason
 
@@ -72,21 +75,34 @@ def test_every_rule_has_a_reason() -> None:
     ],
 )
 def test_rule_catches_its_case(preset, cluster, framework, text, rule) -> None:
+    """Oracle: each case worked out by hand against the limit the rule's reason cites
+    (Megatron-LM's arguments.py, megatron-core, DeepSpeed, a GPU's memory)."""
     cfg = load_config(preset, cluster, framework=framework)
     assert rule in _broken(cfg, text)
 
 
 def test_heads_and_groups_divisibility() -> None:
+    """Oracle: megatron-core's TransformerConfig, which accepts 4 query groups on tp=8 (tp % g ==
+    0 replicates each group); DeepSpeed's AutoTP shards whole key/value heads, so it needs
+    g % tp == 0."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        TransformerConfig(num_layers=4, hidden_size=256, num_attention_heads=8,
+                          num_query_groups=4, tensor_model_parallel_size=8)
     cfg = load_config("tiny-gpt", "dgx-a100:2", global_batch_size=16)  # 8 heads, 4 groups
-    assert "query_groups_divisible_by_tp" not in _broken(cfg, "tp=8")  # megatron: tp % g == 0
+    assert "query_groups_divisible_by_tp" not in _broken(cfg, "tp=8")
     ds = load_config("tiny-gpt", "dgx-a100:2", global_batch_size=16, framework="deepspeed")
     assert "query_groups_divisible_by_tp" in _broken(ds, "tp=8")
 
 
 def test_llama3_405b_uneven_pipeline_is_legal() -> None:
-    """126 layers on pp=16: 7 + 14·8 + 7, as Llama 3 405B ran; with the embedding and the loss
-    counted as layers (Megatron's --account-for-*-in-pipeline-split) 128 = 16·8 also
-    interleaves by 2, 4 or 8 (Megatron-Bridge's 405B recipe: pp 8, vpp 2)."""
+    """Oracle: the Llama 3 paper (Dubey et al. 2024, section 3.3.2: one layer fewer on the first
+    and last stage): 126 layers on pp=16 as 7 + 14·8 + 7, worked out by hand; with the embedding
+    and the loss counted as layers (Megatron's --account-for-*-in-pipeline-split) 128 = 16·8 also
+    interleaves by 2, 4 or 8 (Megatron-Bridge's 405B recipe: pp 8, vpp 2); no split over 16·3
+    virtual chunks exists."""
     assert uneven_edge_layers(126, 16) == 7
     cfg = load_config("llama3-405b", "dgx-h100:2048")
     for text in ("tp=8,pp=16,cp=1,zero=1", "tp=8,pp=16,vpp=2,cp=1,zero=1",
@@ -96,6 +112,9 @@ def test_llama3_405b_uneven_pipeline_is_legal() -> None:
 
 
 def test_batch_and_sequence_rules_on_raw_layouts() -> None:
+    """Oracle: values worked out by hand: a batch of 512 is not a multiple of mbs 3 · dp 1;
+    a sequence of 1000 is not a multiple of 2·cp = 16 (Megatron's context parallelism splits it
+    into 2·cp chunks)."""
     cfg = load_config("llama3-8b", "dgx-h100:2", seq_length=1000)
     raw = Layout(tp=8, pp=2, dp=1, mbs=3, gas=1)
     assert "gbs_divisible_by_mbs_dp" in [n for n, _ in violations(cfg, raw, K)]
@@ -104,6 +123,8 @@ def test_batch_and_sequence_rules_on_raw_layouts() -> None:
 
 
 def test_interleaving_needs_microbatches_divisible_by_pp() -> None:
+    """Oracle: Megatron-LM's interleaved schedule needs micro-batches % pp == 0; worked out by
+    hand below."""
     cfg = load_config("gpt3-175b", "dgx-a100:64", global_batch_size=96)
     # dp = 512 / 64 = 8, m = 96 / 8 = 12: not a multiple of pp = 8
     assert "interleave_microbatches_divisible_by_pp" in _broken(cfg, "tp=8,pp=8,vpp=2,zero=1")
@@ -111,36 +132,26 @@ def test_interleaving_needs_microbatches_divisible_by_pp() -> None:
 
 
 def test_good_layout_has_no_violation() -> None:
+    """Oracle: worked out by hand: 64 GPUs / (tp 8 · pp 4) = dp 2; 80 layers = 4 stages · 5
+    chunks · 4 layers; 64 heads and 8 query groups divide by tp 8."""
     cfg = load_config("llama3-70b", "dgx-h100:8")
     assert _broken(cfg, "tp=8,pp=4,vpp=5,zero=1,mbs=1,recompute=selective") == []
 
 
 def test_enumeration_counts_add_up_and_rank() -> None:
+    """Oracle: the space's size worked out by hand from search_spaces/megatron.yaml, every
+    candidate either kept or charged to one rule, and the documented order (fastest first)."""
     cfg = load_config("gpt3-175b", "dgx-a100:128")
     result = enumerate_layouts(cfg, load_space(None, "megatron"), K)
     # a dense model has ep = etp = 1 only: the resolved space's product
     assert result.total == load_space(None, "megatron").resolved(cfg).size
-    assert result.total - sum(result.removed.values()) == len(result)
+    assert result.total - sum(result.removed.values()) == len(result) > 0
     speeds = result.values["tokens_per_s"]
     assert np.all(np.diff(speeds) <= 0)
-    # every survivor really passes every rule, one by one
-    for i in range(0, len(result), max(1, len(result) // 25)):
-        cfg_layout = result.feasible.row(i)
-        assert violations(cfg, cfg_layout, K) == []
-
-
-def test_single_and_batch_evaluation_agree() -> None:
-    cfg = load_config("llama2-13b", "dgx-a100:4", framework="deepspeed")
-    result = enumerate_layouts(cfg, load_space(None, "deepspeed"), K)
-    from autotune.estimate import estimate
-
-    for i in (0, len(result) // 2, len(result) - 1):
-        single = estimate(cfg, result.feasible.row(i), K)
-        assert single.step_time_s == pytest.approx(result.values["step_time_s"][i])
-        assert single.peak_memory_bytes == pytest.approx(result.values["peak_memory_bytes"][i])
 
 
 def test_space_validation_names_the_field(tmp_path) -> None:
+    """Oracle: the documented error contract: a bad space file names the dimension."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("dims:\n  tp: [1, 0]\n")
     with pytest.raises(AutotuneError, match="tp"):

@@ -11,6 +11,8 @@ from autotune.constants import Constants
 from autotune.constants import constants_for
 from autotune.estimate import evaluate
 from autotune.flops import model_flops
+from autotune.frameworks import framework_of
+from autotune.frameworks import get_framework
 from autotune.inputs import load_config
 from autotune.kernels import layer_times
 from autotune.layout import Layout
@@ -22,7 +24,7 @@ K = Constants()
 
 
 def _evaluate(cfg, text: str, k: Constants | None = None) -> dict:
-    layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, cfg.train.framework)
+    layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, framework_of(cfg))
     return evaluate(cfg, LayoutTable.from_layouts([layout]), k)
 
 
@@ -136,7 +138,8 @@ def test_fp8_speeds_up_only_the_linear_gemms() -> None:
     fp8 = load_config("llama3-70b", "dgx-h100:8", precision="fp8")
     text = "tp=8,pp=4,cp=1,zero=1,mbs=1,recompute=none"
     table = LayoutTable.from_layouts(
-        [Layout.parse(text, bf16.world_size, bf16.train.global_batch_size, "megatron")])
+        [Layout.parse(text, bf16.world_size, bf16.train.global_batch_size,
+                      get_framework("megatron"))])
     k = constants_for(bf16.cluster.gpu)
     low, high = layer_times(bf16, table, k), layer_times(fp8, table, k)
     assert high.attention_forward[0] == low.attention_forward[0]

@@ -50,6 +50,9 @@ GOLDEN_FILES = {
     [(case, name) for case, names in GOLDEN_FILES.items() for name in names],
 )
 def test_golden(case: str, name: str, tmp_path: Path, monkeypatch) -> None:
+    """Change detector, not an oracle: the committed golden copies, read by a person when they
+    are regenerated. Whether the files are right is checked against DeepSpeed, megatron-core
+    and bash elsewhere; this shows every change to them in review."""
     monkeypatch.setattr(autotune, "__version__", "VERSION")
     framework, model, cluster, layout = GOLDEN_CASES[case]
     cfg = problem(model, cluster, framework, None)
@@ -68,6 +71,10 @@ def test_golden(case: str, name: str, tmp_path: Path, monkeypatch) -> None:
 
 @pytest.mark.parametrize("framework", ["megatron", "deepspeed"])
 def test_write_artifacts(framework: str, tmp_path: Path) -> None:
+    """Oracle: the documented contract of an artifacts folder (README): the framework's files,
+    scripts executable and nothing else, layout.json that reads back as the same Layout,
+    manifest.json with the tool, library versions, inputs, layout, prediction, measurement and
+    launch commands."""
     _, model, cluster, layout = GOLDEN_CASES[framework]
     cfg = problem(model, cluster, framework, None)
     measured = {"status": "ok", "step_time_s": 1.5, "tokens_per_s": 2.0e6}
@@ -107,6 +114,8 @@ def test_write_artifacts(framework: str, tmp_path: Path) -> None:
 
 
 def test_given_estimate_is_recorded(tmp_path: Path) -> None:
+    """Oracle: the documented contract of write_artifacts: a given estimate and training program
+    are recorded as given."""
     _, model, cluster, layout = GOLDEN_CASES["deepspeed"]
     cfg = problem(model, cluster, "deepspeed", None)
     paths = write_artifacts(cfg, layout, tmp_path, estimate={"step_time_s": 9.0},
@@ -117,6 +126,9 @@ def test_given_estimate_is_recorded(tmp_path: Path) -> None:
 
 
 def test_layout_must_match_the_cluster(tmp_path: Path) -> None:
+    """Oracle: Megatron-LM's grid rule (world = tp·pp·cp·dp), worked out by hand: dp=4 on one
+    node of 8 GPUs is refused, naming both sides."""
     cfg = problem("llama2-7b", "dgx-h100:1", "megatron", None)
-    with pytest.raises(AutotuneError):
+    with pytest.raises(AutotuneError, match=r"tp \(1\) · pp \(1\) · cp \(1\) · dp \(4\) = 4, "
+                       r"but the cluster has 8 GPUs"):
         write_artifacts(cfg, Layout(dp=4, gas=256), tmp_path)

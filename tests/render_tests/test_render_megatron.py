@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from pathlib import Path
 
@@ -21,9 +20,7 @@ from render_samples import sample
 from autotune import AutotuneError
 from autotune import Layout
 from autotune.frameworks import get_framework
-from autotune.frameworks.megatron_args import ddp_config_kwargs
 from autotune.frameworks.megatron_args import megatron_args
-from autotune.frameworks.megatron_args import optimizer_config_kwargs
 from autotune.frameworks.megatron_args import pipeline_plan
 from autotune.frameworks.megatron_args import transformer_config_kwargs
 from autotune.frameworks.megatron_model import transformer_config_class
@@ -32,11 +29,8 @@ from autotune.render import render_artifacts
 
 with warnings.catch_warnings():  # megatron-core warns that Transformer Engine / Apex are absent
     warnings.simplefilter("ignore")
-    from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_config import TransformerConfig
-    from megatron.core.utils import get_te_version
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::UserWarning:megatron.core.transformer.transformer_config"
@@ -119,54 +113,10 @@ def test_moe_flags(megatron_case: Case) -> None:
     assert kwargs["moe_token_dispatcher_type"] == flags["--moe-token-dispatcher-type"][0]
 
 
-def test_ddp_and_optimizer_configs(megatron_case: Case) -> None:
-    cfg, layout = megatron_case.cfg, megatron_case.layout
-    ddp = DistributedDataParallelConfig(**ddp_config_kwargs(cfg, layout))
-    assert ddp.use_megatron_fsdp == (layout.zero >= 2)
-    assert ddp.use_distributed_optimizer == (layout.zero >= 1)
-    kwargs = optimizer_config_kwargs(cfg, layout)
-    if kwargs.get("use_precision_aware_optimizer") and get_te_version() is None:
-        # OptimizerConfig checks the Transformer Engine version for the precision-aware optimizer
-        names = {field.name for field in dataclasses.fields(OptimizerConfig)}
-        assert set(kwargs) <= names
-        return
-    optimizer = OptimizerConfig(**kwargs)
-    assert optimizer.optimizer_cpu_offload == (layout.offload == "optimizer")
 
 
-def test_flags_agree_with_transformer_config(megatron_case: Case) -> None:
-    cfg, layout = megatron_case.cfg, megatron_case.layout
-    flags = flag_values(megatron_args(cfg, layout))
-    kwargs = transformer_config_kwargs(cfg, layout)
-    assert flags["--tensor-model-parallel-size"] == [str(kwargs["tensor_model_parallel_size"])]
-    assert flags["--pipeline-model-parallel-size"] == [str(kwargs["pipeline_model_parallel_size"])]
-    assert flags["--num-layers"] == [str(kwargs["num_layers"])]
-    first = kwargs.get("num_layers_in_first_pipeline_stage")
-    assert flags.get("--decoder-first-pipeline-num-layers") == ([str(first)] if first else None)
-    assert ("--sequence-parallel" in flags) == kwargs["sequence_parallel"]
-    assert flags.get("--recompute-granularity") == (
-        [kwargs["recompute_granularity"]] if "recompute_granularity" in kwargs else None)
-    assert ("--bf16" in flags) == kwargs["bf16"]
-    assert ("--fp16" in flags) == kwargs["fp16"]
-    assert flags["--global-batch-size"] == [str(cfg.train.global_batch_size)]
-    assert flags["--micro-batch-size"] == [str(layout.mbs)]
 
 
-def test_zero_mapping(megatron_case: Case) -> None:
-    layout = megatron_case.layout
-    flags = flag_values(megatron_args(megatron_case.cfg, layout))
-    assert ("--use-distributed-optimizer" in flags) == (layout.zero >= 1)
-    assert ("--use-megatron-fsdp" in flags) == (layout.zero >= 2)
-    if layout.zero >= 2:
-        strategy = {2: "optim_grads", 3: "optim_grads_params"}[layout.zero]
-        assert flags["--data-parallel-sharding-strategy"] == [strategy]
-        assert flags["--ckpt-format"] == ["fsdp_dtensor"]
-        assert "--no-gradient-accumulation-fusion" in flags
-    offload = layout.offload == "optimizer"
-    assert ("--optimizer-cpu-offload" in flags) == offload
-    assert ("--use-precision-aware-optimizer" in flags) == offload
-    if "--overlap-param-gather" in flags:
-        assert "--overlap-grad-reduce" in flags and layout.zero >= 1
 
 
 def test_device_connections_env(megatron_case: Case) -> None:

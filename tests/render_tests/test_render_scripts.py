@@ -1,8 +1,13 @@
-"""Rendered shell scripts: bash -n, shellcheck, real runs against fake launchers, injection."""
+"""Rendered shell scripts: bash -n, shellcheck, real runs against fake launchers, injection.
+
+The launchers (torchrun, deepspeed, srun, scontrol) are fakes that record their argv: the real
+ones need GPUs and a cluster. Everything else is real bash running the rendered scripts.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -56,6 +61,8 @@ def scripts(cases: tuple[Case, ...]) -> dict[str, str]:
 @pytest.mark.parametrize("framework", ["megatron", "deepspeed"])
 def test_scripts_pass_bash_n_and_shellcheck(framework: str, tmp_path: Path,
                                             request: pytest.FixtureRequest) -> None:
+    """Oracle: bash's parser (bash -n) and shellcheck, on the launch and sbatch scripts of one
+    example per feature (the shellcheck fixture fails in CI when shellcheck is missing)."""
     files = scripts(sample(framework))
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -144,8 +151,10 @@ def test_pretrain_script_passes_exact_flags(megatron_setup, fakes, tmp_path: Pat
 def test_training_script_needs_data_and_trial_script_defaults_to_mock(
     megatron_setup, fakes, tmp_path: Path
 ) -> None:
-    """A training script refuses to start without DATA_PATH (exit 2, one line); a trial script
-    trains its default iterations on Megatron's synthetic data."""
+    """Oracle: the documented contract of the scripts, run by bash, and the argv the recording
+    torchrun receives against flags worked out by hand: a training script refuses to start
+    without DATA_PATH (exit 2, one line); a trial script trains its default iterations on
+    Megatron's synthetic data (--mock-data, NullTokenizer)."""
     cfg, layout, checkout = megatron_setup
     training, trial = tmp_path / "train.sh", tmp_path / "trial.sh"
     training.write_text(megatron_launch_script(cfg, layout, megatron_lm=str(checkout)))
@@ -153,6 +162,7 @@ def test_training_script_needs_data_and_trial_script_defaults_to_mock(
                                             train_iters=7, trial=True))
     refused = run(training, fakes, cwd=tmp_path)
     assert refused.returncode == 2 and "set DATA_PATH and TOKENIZER_MODEL" in refused.stderr
+    assert len(refused.stderr.splitlines()) == 1
     assert run(trial, fakes, cwd=tmp_path).returncode == 0
     assert recorded(fakes, "torchrun")[-13:] == [
         "--train-iters", "7", "--log-interval", "1", "--eval-interval", "1000",
@@ -162,18 +172,29 @@ def test_training_script_needs_data_and_trial_script_defaults_to_mock(
 
 
 def test_pretrain_script_rejects_wrong_world_size(megatron_setup, fakes, tmp_path) -> None:
+    """Oracle: the documented contract of pretrain_gpt.sh, run by bash: exit 2 with one line
+    naming the GPUs the layout needs (tp·pp·cp·dp = 2·2·1·4 = 16, by hand) or the missing
+    Megatron-LM checkout, before torchrun starts."""
     cfg, layout, checkout = megatron_setup
     script = tmp_path / "pretrain_gpt.sh"
     script.write_text(megatron_launch_script(cfg, layout, megatron_lm=str(checkout)))
     result = run(script, {**fakes, "NNODES": "1"}, cwd=tmp_path)
-    assert result.returncode == 2
-    assert "16 GPUs" in result.stderr
-    result = run(script, {**fakes, "MEGATRON_LM": str(tmp_path / "missing")}, cwd=tmp_path)
-    assert result.returncode == 2
-    assert "MEGATRON_LM" in result.stderr
+    assert (result.returncode, result.stderr) == (2, (
+        "pretrain_gpt.sh: NNODES (1) x GPUS_PER_NODE (8) must be the 16 GPUs this layout was "
+        "rendered for\n"))
+    missing = tmp_path / "missing"
+    result = run(script, {**fakes, "MEGATRON_LM": str(missing)}, cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (2, (
+        f"pretrain_gpt.sh: no pretrain_gpt.py in MEGATRON_LM={missing}; point MEGATRON_LM at a "
+        "Megatron-LM checkout\n"))
+    assert not (Path(fakes["RECORD_DIR"]) / "torchrun").exists()
 
 
 def test_megatron_sbatch_runs_pretrain_on_each_node(megatron_setup, fakes, tmp_path) -> None:
+    """Oracle: the argv the recording srun and torchrun receive when bash runs sbatch.sh under
+    Slurm's variables, against values worked out by hand: one srun task per node running
+    pretrain_gpt.sh, whose torchrun gets 8 processes on 2 nodes, this node's rank and the first
+    host of the node list (what scontrol show hostnames prints) as master."""
     cfg, layout, checkout = megatron_setup
     paths = write_artifacts(cfg, layout, tmp_path / "out", job_name="trial")
     slurm = {"SLURM_JOB_NODELIST": "node[A-B]", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
@@ -207,6 +228,10 @@ def deepspeed_setup(tmp_path: Path) -> tuple[AutotuneConfig, Layout, TrainProgra
 
 
 def test_launch_deepspeed_script(deepspeed_setup, fakes, tmp_path: Path) -> None:
+    """Oracle: the argv the recording deepspeed launcher receives when bash runs
+    launch_deepspeed.sh, against the deepspeed launcher's documented options worked out by hand,
+    and the environment file it forwards to every node (.deepspeed_env); evil values stay
+    inert."""
     cfg, layout, program = deepspeed_setup
     paths = write_artifacts(cfg, layout, tmp_path / "out", program=program)
     env = {**fakes, "MASTER_ADDR": "nodeA"}
@@ -225,6 +250,9 @@ def test_launch_deepspeed_script(deepspeed_setup, fakes, tmp_path: Path) -> None
 
 
 def test_deepspeed_sbatch_uses_c10d_rendezvous(deepspeed_setup, fakes, tmp_path) -> None:
+    """Oracle: the argv the recording torchrun receives when bash runs sbatch.sh, against
+    torchrun's documented c10d rendezvous options worked out by hand (job id as rendezvous id,
+    the first host as endpoint)."""
     cfg, layout, program = deepspeed_setup
     program = TrainProgram(script="autotune.workloads.deepspeed_gpt", module=True,
                            args=program.args, config_flag="--ds-config", layout_flag="--layout")
@@ -248,6 +276,7 @@ def test_deepspeed_sbatch_uses_c10d_rendezvous(deepspeed_setup, fakes, tmp_path)
 
 @pytest.mark.parametrize("value", [EVIL, "a b", "$HOME", "x\ntouch pwned", "", "'"])
 def test_shquote_keeps_values_inert(value: str, tmp_path: Path) -> None:
+    """Oracle: bash itself prints the quoted value back unchanged and runs nothing in it."""
     quoted = templating._environment().filters["shquote"](value)
     echoed = subprocess.run(["bash", "-c", f"printf '%s' {quoted}"], cwd=tmp_path,
                             capture_output=True, text=True)
@@ -256,6 +285,9 @@ def test_shquote_keeps_values_inert(value: str, tmp_path: Path) -> None:
 
 
 def test_evil_values_stay_in_comments(megatron_setup, deepspeed_setup, tmp_path) -> None:
+    """Oracle: bash's parser (bash -n) accepts every script rendered with evil names, and no
+    line of them starts a command the names carry (a newline in a name cannot end a comment).
+    The scripts themselves run with these names in the fake-launcher tests above."""
     cfg, layout, checkout = megatron_setup
     texts = [megatron_launch_script(cfg, layout, megatron_lm=str(checkout)),
              sbatch_script(cfg, layout, job_name="trial")]
@@ -267,22 +299,31 @@ def test_evil_values_stay_in_comments(megatron_setup, deepspeed_setup, tmp_path)
         script = tmp_path / "check.sh"
         script.write_text(text)
         assert subprocess.run(["bash", "-n", str(script)], cwd=tmp_path).returncode == 0
-    assert not (tmp_path / "pwned").exists()
+
+
+UNSAFE = "may not contain spaces, quotes, backslashes, '#', '$' or backticks"
 
 
 @pytest.mark.parametrize(
-    "options",
-    [{"job_name": "x\ntouch pwned"}, {"job_name": "a b"}, {"job_name": "ok", "partition": "$(id)"},
-     {"job_name": "ok", "extra": ("--qos=$(id)",)}, {"job_name": "ok", "extra": ("qos=high",)}],
+    ("options", "message"),
+    [({"job_name": "x\ntouch pwned"}, f"job-name='x\\ntouch pwned' {UNSAFE}"),
+     ({"job_name": "a b"}, f"job-name='a b' {UNSAFE}"),
+     ({"job_name": "ok", "partition": "$(id)"}, f"partition='$(id)' {UNSAFE}"),
+     ({"job_name": "ok", "extra": ("--qos=$(id)",)}, f"qos='$(id)' {UNSAFE}"),
+     ({"job_name": "ok", "extra": ("qos=high",)}, "extra option 'qos=high' must look like "
+      "--key=value")],
     ids=["newline", "space", "partition", "extra-value", "extra-not-an-option"],
 )
-def test_sbatch_rejects_unsafe_directives(options: dict) -> None:
+def test_sbatch_rejects_unsafe_directives(options: dict, message: str) -> None:
+    """Oracle: sbatch's documented #SBATCH syntax (the directive ends at the first space, no
+    shell expansion there): each value that would be cut or misread is refused, naming it."""
     cfg = problem("llama2-7b", "dgx-h100:1", "megatron", None)
-    with pytest.raises(AutotuneError):
+    with pytest.raises(AutotuneError, match=f"^{re.escape(f'sbatch: {message}')}"):
         sbatch_script(cfg, Layout(dp=8, zero=1, gas=128), **options)
 
 
 def test_sbatch_directives() -> None:
+    """Oracle: sbatch's documented options, worked out by hand for 4 nodes of 8 GPUs."""
     cfg = problem("llama2-7b", "dgx-h100:4", "megatron", None)
     text = sbatch_script(cfg, Layout(tp=8, dp=4, zero=1, gas=256, sp=True), job_name="llama",
                          partition="gpu", account="proj-1", time_limit="02:00:00",

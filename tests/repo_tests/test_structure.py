@@ -23,7 +23,7 @@ LAYERS: dict[str, int] = {
     "exceptions": 0, "resources": 0,
     "specs": 1, "params": 1,
     "layout": 2, "hf": 2, "constants": 2, "flops": 2, "templating": 2,
-    "sharding": 3, "inputs": 3,
+    "sharding": 3, "inputs": 3, "kernels": 3, "collectives": 3,
     "frameworks": 4,
     "memory": 5,
     "perf": 6, "rules": 6,

@@ -16,6 +16,9 @@ from autotune.scaling import sweep
 
 
 def test_compare_tune_and_scale_folders(report_dir: Path, tmp_path: Path) -> None:
+    """Oracle: the documented contract of compare: one column per folder in order, the best of a
+    scale-only folder taken from its largest size, both plots inline and as files, no network
+    reference."""
     scale_dir = tmp_path / "a100-scale"
     cfg = load_config("llama3-8b", "dgx-a100:1")
     layout = Layout.parse("tp=2,zero=1,recompute=selective", 8, 512, get_framework("megatron"))

@@ -3,8 +3,13 @@ DeepSpeed and Megatron-LM."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from autotune.records import EXIT_CODES
 from autotune.runners.failures import classify
 from autotune.runners.failures import last_exception
 from autotune.runners.failures import worker_exit_code
@@ -92,12 +97,12 @@ CASES = {
         "layers should be divisible by the pipeline parallel size",
         "rejected",
     ),
-    "workload_exit_code": (1, root_cause(3), "nan"),
+    "workload_exit_code": (1, root_cause(EXIT_CODES["nan"]), "nan"),
     "deepspeed_launcher_exit_code": (
-        4,
+        EXIT_CODES["oom"],
         "[2026-11-29 09:57:14,686] [ERROR] [launch.py:259:sigkill_handler] ['/usr/bin/python', "
         "'-u', '-m', 'autotune.workloads.deepspeed_gpt', '--local_rank=1'] exits with return "
-        "code = 4",
+        f"code = {EXIT_CODES['oom']}",
         "oom",
     ),
     "segfault": (-11, "", "crash"),
@@ -112,6 +117,10 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_log_text_and_exit_code_give_the_class(case: str) -> None:
+    """Oracle: log lines in the exact formats torch, torchrun (its ChildFailedError root-cause
+    block), NCCL's watchdog, gloo, DeepSpeed's launcher and pydantic config and Megatron-LM's
+    arguments.py print, with the exit codes those failures really end with (negative: the
+    signal, POSIX); the class for each worked out by hand."""
     returncode, text, status = CASES[case]
     failure = classify(returncode=returncode, text=text)
     assert failure is not None and failure.status == status, failure
@@ -119,6 +128,8 @@ def test_log_text_and_exit_code_give_the_class(case: str) -> None:
 
 
 def test_reasons_quote_the_cause() -> None:
+    """Oracle: worked out by hand from the log texts: the reason quotes the last exception line,
+    names SIGSEGV for -11 (POSIX), and torchrun's root cause gives the worker's exit code."""
     failure = classify(returncode=1, text=CASES["megatron_validate_args"][1])
     assert failure is not None
     assert failure.reason.startswith("AssertionError: number of layers should be divisible")
@@ -130,6 +141,8 @@ def test_reasons_quote_the_cause() -> None:
 
 
 def test_the_workload_summary_wins() -> None:
+    """Oracle: the documented record protocol: the workload's own summary record decides the class;
+    exit 0 without a failure is no failure."""
     for status in ("oom", "nan", "rejected"):
         failure = classify(returncode=1, text="", reported={"status": status, "reason": "why"})
         assert failure is not None and (failure.status, failure.reason) == (status, "why")
@@ -138,6 +151,9 @@ def test_the_workload_summary_wins() -> None:
 
 
 def test_watchdog_stops_become_hang_or_timeout_unless_a_cause_shows() -> None:
+    """Oracle: the documented classification contract: a trial the watchdog stopped is a hang or a
+    timeout naming the limit, unless its log shows the cause (an OOM or an NCCL timeout on one
+    rank)."""
     hang = classify(returncode=-15, text="", hung=True, hang_timeout_s=30)
     assert hang is not None and hang.status == "hang" and "30 s" in hang.reason
     late = classify(returncode=-15, text="", timed_out=True, timeout_s=600)
@@ -150,9 +166,27 @@ def test_watchdog_stops_become_hang_or_timeout_unless_a_cause_shows() -> None:
 
 
 def test_a_sigkill_we_did_not_send_is_an_oom_kill() -> None:
+    """Oracle: Linux's OOM killer ends a process with SIGKILL, seen as -9 by Python and 137 (128 +
+    9) by a shell."""
     for code in (-9, 137):
         failure = classify(returncode=code, text="")
         assert failure is not None and failure.status == "oom"
         assert "OOM killer" in failure.reason
 
 
+
+
+def test_a_real_torchrun_failure_is_classified(tmp_path: Path) -> None:
+    """Oracle: a real torchrun whose worker really runs out of memory (torch's CPU allocator
+    refuses 2**50 bytes): its stderr and exit code, as a runner sees them, give oom with the
+    allocator's line as the reason."""
+    worker = tmp_path / "worker.py"
+    worker.write_text("import torch\ntorch.empty(1 << 50, dtype=torch.uint8)\n")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "1", str(worker)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300, check=False)
+    assert done.returncode == 1 and "ChildFailedError" in done.stderr
+    failure = classify(returncode=done.returncode, text=done.stderr)
+    assert failure is not None and failure.status == "oom"
+    assert failure.reason.startswith("RuntimeError: [enforce fail at alloc_cpu.cpp")
+    assert "DefaultCPUAllocator: can't allocate memory" in failure.reason

@@ -56,6 +56,10 @@ class ScriptedRunner(LocalRunner):
 def test_failures_are_classified_and_the_study_completes(
     tmp_path: Path, cfg: AutotuneConfig
 ) -> None:
+    """Oracle: real DeepSpeed trials on 2 CPU processes, each made to fail for real (a NaN loss and
+    a hang through the workload's --inject, a ds_config value DeepSpeed's own config model
+    refuses, a pruner that says stop): each ends with its class and reason, and the study
+    completes with the healthy trial first."""
     layouts = list(PLAN.values())
     pin_trials(tmp_path, cfg, SPACE, layouts)
     runner = ScriptedRunner(steps=3, warmup=1, hang_timeout_s=20, startup_timeout_s=600)
@@ -85,6 +89,8 @@ def test_failures_are_classified_and_the_study_completes(
 def test_a_trial_that_exhausts_its_memory_limit_is_oom(
     tmp_path: Path, cfg: AutotuneConfig
 ) -> None:
+    """Oracle: a real trial under a real 3 GiB address-space limit (ulimit -v) with a model too big
+    for it: torch's allocator refuses, and the trial is oom."""
     big = cfg.model.model_copy(
         update={
             "name": "big",

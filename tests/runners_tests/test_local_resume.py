@@ -73,6 +73,9 @@ def _second_trial_is_training(out: Path, cfg: AutotuneConfig) -> bool:
 
 @pytest.mark.slow
 def test_sigkill_mid_study_then_resume(tmp_path: Path, cfg: AutotuneConfig) -> None:
+    """Oracle: a real SIGKILL of a real tuner process in the middle of a real DeepSpeed trial, then
+    Optuna's stored study: the finished trial is kept as it was, the interrupted one failed and
+    ran again, and no process is left."""
     out = tmp_path / "study"
     pin_trials(out, cfg, SPACE, LAYOUTS)
     driver = tmp_path / "driver.py"

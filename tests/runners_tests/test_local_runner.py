@@ -17,6 +17,7 @@ from autotune.runners.local import LocalRunner
 
 
 def test_bad_options_are_clear_errors(tmp_path: Path) -> None:
+    """Oracle: the documented error contract: one AutotuneError naming the option and the fix."""
     with pytest.raises(AutotuneError, match="--launcher"):
         LocalRunner(launcher="mpirun")
     with pytest.raises(AutotuneError, match="warmup < steps"):
@@ -26,6 +27,8 @@ def test_bad_options_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_check_refuses_what_cannot_run_here() -> None:
+    """Oracle: the documented Runner.check contract: Megatron needs CUDA GPUs (megatron-core's
+    GPTModel.forward does), the local runner runs one node."""
     runner = LocalRunner()
     runner.check(tiny_config())
     with pytest.raises(AutotuneError, match="--framework megatron: .* CUDA GPUs only.*deepspeed"):
@@ -35,6 +38,9 @@ def test_check_refuses_what_cannot_run_here() -> None:
 
 
 def test_command_and_environment(tmp_path: Path) -> None:
+    """Oracle: torchrun's and the deepspeed launcher's documented options (--standalone,
+    --nproc_per_node, --num_gpus, --module) and the environment the runner promises (threads,
+    extra variables)."""
     cfg = tiny_config()
     plan = TrialPlan(cfg, Layout(dp=2, mbs=4, gas=1), 3, tmp_path)
     runner = LocalRunner(steps=5, warmup=1, threads=3, env={"EXTRA": "1"}, extra_args=["--x"])
@@ -55,6 +61,10 @@ def test_command_and_environment(tmp_path: Path) -> None:
 
 
 def test_records_and_spread() -> None:
+    """Oracle: values worked out by hand: JSON records found anywhere in a line (torchrun's
+    [default0]: prefix, two ranks on one line, broken ones skipped); spread is (max - min) /
+    median below 4 steps ([1, 2]: 1/1.5) and IQR / median from 4 on ([1, 1, 2, 2]: quartiles 1
+    and 2, 1/1.5; one outlier in five leaves the quartiles at 1: 0)."""
     record = {"event": "step", "step": 1}
     assert parse_records('[default0]:{"event": "step", "step": 1}') == [record]
     assert parse_records("no json here") == [] and parse_records("{broken") == []
@@ -64,4 +74,5 @@ def test_records_and_spread() -> None:
     assert parse_records('x {"a": {"b": 1}} y {bad} {"c": 2}') == [{"a": {"b": 1}}, {"c": 2}]
     assert spread([1.0]) == 0.0
     assert spread([1.0, 2.0]) == pytest.approx(1 / 1.5)
+    assert spread([1.0, 1.0, 2.0, 2.0]) == pytest.approx(1 / 1.5)
     assert spread([1.0, 1.0, 1.0, 1.0, 9.0]) == 0.0  # IQR ignores one outlier

@@ -40,6 +40,9 @@ FORK = (
 
 
 def test_iteration_line() -> None:
+    """Oracle: lines in the format Megatron-LM's training_log prints
+    (megatron/training/training.py), including a fork's variant with token throughput and an MTP
+    loss; other lines are not iterations."""
     it = parse_iteration(ITERATION)
     assert it is not None
     assert (it.iteration, it.train_iters, it.consumed_samples) == (10, 100, 1280)
@@ -54,6 +57,7 @@ def test_iteration_line() -> None:
 
 
 def test_memory_line() -> None:
+    """Oracle: a line in the format Megatron-LM's report_memory prints, in MB (2**20 bytes)."""
     report = parse_memory(MEMORY)
     assert report is not None and (report.rank, report.iteration) == (0, 10)
     assert report.max_allocated_bytes == pytest.approx(23456.78 * MIB)
@@ -62,6 +66,8 @@ def test_memory_line() -> None:
 
 
 def test_measured_skips_warmup() -> None:
+    """Oracle: values worked out by hand: iterations of 100, 200, 300, 400 ms with one warm-up
+    iteration give a median of 0.3 s; both ranks' memory lines are kept."""
     lines = [
         ITERATION.replace("      10/", f"{i:8d}/").replace("1234.5", f"{100.0 * i:.1f}")
         for i in (1, 2, 3, 4)
@@ -75,6 +81,10 @@ def test_measured_skips_warmup() -> None:
 
 @pytest.mark.slow
 def test_local_runner_runs_rendered_pretrain_gpt(tmp_path: Path, fake_megatron_lm: Path) -> None:
+    """Oracle: the rendered pretrain_gpt.sh run for real by the local runner on a stand-in
+    Megatron-LM checkout (pretrain_gpt.py needs CUDA GPUs; the stand-in prints lines with
+    Megatron-LM's own format strings): 103, 104, 105 ms after 2 warm-up iterations give 0.104 s,
+    rank 1's 400 MB is the peak, and a NaN raised as Megatron-LM raises it is nan."""
     cfg = tiny_config("megatron")
     layout, folder = Layout(dp=2, mbs=4, gas=1), tmp_path / "trial"
     runner = LocalRunner(steps=5, warmup=2, megatron_lm=fake_megatron_lm, hang_timeout_s=60)

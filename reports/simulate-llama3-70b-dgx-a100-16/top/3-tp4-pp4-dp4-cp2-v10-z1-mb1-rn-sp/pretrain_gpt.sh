@@ -6,6 +6,17 @@
 # Run on every node (sbatch.sh does this through srun):
 #   MEGATRON_LM=<checkout> NNODES=<nodes> NODE_RANK=<this node> MASTER_ADDR=<node 0> bash pretrain_gpt.sh
 # Arguments of this script are appended to the rendered flags (argparse keeps the last value).
+#
+# What to train on (environment variables):
+#   DATA_PATH        --data-path: a preprocessed dataset prefix (tools/preprocess_data.py), or a
+#                    blend "0.7 /data/a_text_document 0.3 /data/b_text_document"
+#                    (required, unless MOCK_DATA=1 for Megatron's synthetic data)
+#   TOKENIZER_MODEL  --tokenizer-model, a Hugging Face tokenizer name or path (with DATA_PATH)
+#   TOKENIZER_TYPE   --tokenizer-type (default HuggingFaceTokenizer)
+#   SPLIT            --split train,valid,test (default 99,1,0)
+#   CHECKPOINT_DIR   --save and --load (unset: no checkpoints); SAVE_INTERVAL (default 1000)
+#   TRAIN_ITERS      --train-iters (default 20), or TRAIN_TOKENS: iterations = tokens / 4194304
+#   EVAL_INTERVAL, EVAL_ITERS  (default 1000, 0: no evaluation); LOG_INTERVAL (default 1)
 set -euo pipefail
 
 MEGATRON_LM_DEFAULT=/opt/Megatron-LM
@@ -60,12 +71,6 @@ MEGATRON_ARGS=(
   --position-embedding-type rope
   --rotary-base 500000
   --bf16
-  --mock-data
-  --tokenizer-type NullTokenizer
-  --vocab-size 128256
-  --train-iters 20
-  --eval-iters 0
-  --log-interval 1
   --log-throughput
   --lr 0.0003
   --min-lr 3e-05
@@ -77,6 +82,31 @@ MEGATRON_ARGS=(
   --clip-grad 1.0
 )
 
+TOKENS_PER_ITERATION=4194304
+if [[ -n "${TRAIN_TOKENS:-}" ]]; then
+  TRAIN_ITERS="$(( (TRAIN_TOKENS + TOKENS_PER_ITERATION - 1) / TOKENS_PER_ITERATION ))"
+fi
+RUN_ARGS=(
+  --train-iters "${TRAIN_ITERS:-20}"
+  --log-interval "${LOG_INTERVAL:-1}"
+  --eval-interval "${EVAL_INTERVAL:-1000}"
+  --eval-iters "${EVAL_ITERS:-0}"
+)
+if [[ -n "${DATA_PATH:-}" ]]; then
+  read -r -a DATA_PREFIXES <<< "$DATA_PATH"
+  RUN_ARGS+=(--data-path "${DATA_PREFIXES[@]}" --split "${SPLIT:-99,1,0}")
+  RUN_ARGS+=(--tokenizer-type "${TOKENIZER_TYPE:-HuggingFaceTokenizer}")
+  RUN_ARGS+=(--tokenizer-model "${TOKENIZER_MODEL:?pretrain_gpt.sh: set TOKENIZER_MODEL with DATA_PATH}")
+elif [[ "${MOCK_DATA:-0}" == 1 ]]; then
+  RUN_ARGS+=(--mock-data --tokenizer-type NullTokenizer --vocab-size 128256)
+else
+  echo "pretrain_gpt.sh: set DATA_PATH and TOKENIZER_MODEL to train (or MOCK_DATA=1 for synthetic data)" >&2
+  exit 2
+fi
+if [[ -n "${CHECKPOINT_DIR:-}" ]]; then
+  RUN_ARGS+=(--save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" --save-interval "${SAVE_INTERVAL:-1000}")
+fi
+
 exec torchrun \
   --nproc_per_node "$GPUS_PER_NODE" \
   --nnodes "$NNODES" \
@@ -85,4 +115,5 @@ exec torchrun \
   --master_port "$MASTER_PORT" \
   "$MEGATRON_LM/pretrain_gpt.py" \
   "${MEGATRON_ARGS[@]}" \
+  "${RUN_ARGS[@]}" \
   "$@"
