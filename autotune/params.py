@@ -1,6 +1,6 @@
 """Parameter counts of a ModelSpec, by part and layer kind: the one source of these counts.
 
-Every count is exact for the Hugging Face model of the same config (tests/models_tests build
+Every count is exact for the Hugging Face model of the same config (tests/specs_tests build
 each family on the meta device with transformers) and for megatron-core's GPTModel of the same
 spec (the parts Megatron can build). Each part includes its own biases.
 """

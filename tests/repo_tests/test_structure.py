@@ -144,3 +144,40 @@ def test_the_import_graph_has_no_cycle() -> None:
         if node not in state:
             visit(node, [node])
     assert cycles == [], "\n".join(cycles)
+
+
+MIRROR: dict[str, tuple[str, ...]] = {
+    "calibration_tests": ("calibration", "published"),
+    "cli_tests": ("cli", "run", "exceptions"),
+    "cluster_tests": ("runners.slurm", "runners.slurm_client", "storage"),
+    "frameworks_tests": ("frameworks",),
+    "inputs_tests": ("inputs", "resources"),
+    "layout_tests": ("layout",),
+    "perf_tests": ("perf", "memory", "flops", "kernels", "collectives", "sharding", "estimate",
+                   "constants"),
+    "render_tests": ("render", "templating", "frameworks.megatron_args"),
+    "repo_tests": (),
+    "report_tests": ("report",),
+    "runners_tests": ("runners", "records", "pipeline", "refit", "testing"),
+    "scaling_tests": ("scaling",),
+    "search_tests": ("search", "sampler", "proposal", "memory_learning", "surrogate"),
+    "space_tests": ("space", "rules"),
+    "specs_tests": ("specs", "params", "hf", "frameworks.megatron_model"),
+    "workloads_tests": ("workloads",),
+}
+"""Each test folder and the modules it tests: the suite mirrors the package. repo_tests checks
+the repository itself; cluster_tests holds the Slurm and shared-storage tests that start the
+localhost services."""
+
+
+def test_tests_mirror_the_package() -> None:
+    """Oracle: the folders under tests/ and the modules under autotune/ on disk. Every test
+    folder is in MIRROR, every module it names exists, and every module has a test folder."""
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.name.endswith("_tests")}
+    assert folders == set(MIRROR), "add the folder to MIRROR (or move its tests)"
+    modules = {m for m in _modules() if m}
+    claimed = {m for names in MIRROR.values() for m in names}
+    assert claimed - modules == set(), "MIRROR names a module that does not exist"
+    homeless = [m for m in modules
+                if not any(m == c or m.startswith(c + ".") for c in claimed)]
+    assert homeless == [], f"modules with no test folder: {sorted(homeless)}"
