@@ -16,6 +16,19 @@ by tensor parallelism), its attention core and its memory-bound kernels:
 Context parallelism gives each GPU s/cp queries against (causally, on average) half of all s
 keys: its attention FLOPs are 1/cp of the sequence's. Recompute repeats the forward (full) or the
 attention core (selective) inside the backward.
+
+Multi-latent attention runs its down projections replicated and its up and output projections
+split by tp (megatron-core MLASelfAttention). A Mixture-of-Experts layer (`layer_gemms`) keeps
+the attention, runs its shared experts as a tensor-parallel MLP, its router (h × E) on the
+rank's own tokens, and its routed experts as grouped GEMMs: E/ep local experts, each an M×N×K
+GEMM whose M is the token copies per local expert (`routed_tokens`·ep/E) and whose N or K is the
+expert width split by etp. That M is small (a micro-batch of one 4k sequence: Mixtral at tp 1,
+ep 8 gives 4k·2·8/8 = 8k; DeepSeek-V3 at tp 2, ep 64 gives 2k·8·64/256 = 4k; at ep 8, 512), so
+`gemm_efficiency` at that size is the grouped GEMM's efficiency. The most loaded
+expert-parallel rank gets `moe_load_imbalance` times the mean copies; the layer waits for it, so
+its expert GEMMs and routed memory traffic set the time (FLOPs executed stay the balanced
+count). A stage runs dense and MoE layers in the model's
+proportion (`mean_layer_times`).
 """
 
 from __future__ import annotations

@@ -220,3 +220,18 @@ def test_dense_models_ignore_the_moe_terms(layers: int, nodes: int) -> None:
     assert np.all(base["time"]["ep_comm"] == 0.0)
     assert np.array_equal(base["step_time_s"], skewed["step_time_s"])
     assert np.array_equal(base["peak_memory_bytes"], skewed["peak_memory_bytes"])
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(cfg=moe_problems(), recompute=st.sampled_from(["none", "selective", "full"]))
+def test_expert_parallelism_moves_expert_work_not_removes_it(cfg: AutotuneConfig,
+                                                             recompute: str) -> None:
+    """The FLOPs all GPUs execute in a step do not depend on how the experts are split (ep,
+    etp) or the layers staged (pp): every routed token copy still meets its expert once."""
+    experts = cfg.model.num_experts or 0
+    rows = [_layout(cfg, tp=2, pp=pp, ep=ep, etp=etp, sp=True, recompute=recompute)
+            for pp in (1, 2) for ep in (1, 2, 8) for etp in (1, 2)
+            if experts % ep == 0 and cfg.model.num_layers % pp == 0
+            and cfg.model.moe_ffn % etp == 0]
+    flops = evaluate(cfg, LayoutTable.from_layouts(rows))["time"]["flops"]
+    assert np.allclose(flops, flops[0], rtol=1e-9)
