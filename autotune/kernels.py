@@ -27,8 +27,7 @@ ep 8 gives 4k·2·8/8 = 8k; DeepSeek-V3 at tp 2, ep 64 gives 2k·8·64/256 = 4k;
 `gemm_efficiency` at that size is the grouped GEMM's efficiency. The most loaded
 expert-parallel rank gets `moe_load_imbalance` times the mean copies; the layer waits for it, so
 its expert GEMMs and routed memory traffic set the time (FLOPs executed stay the balanced
-count). A stage runs dense and MoE layers in the model's
-proportion (`mean_layer_times`).
+count). A stage runs dense and MoE layers in the model's proportion (`mean_layer_times`).
 """
 
 from __future__ import annotations
