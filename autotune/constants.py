@@ -16,12 +16,16 @@ Sources named below:
   reach a fraction of the large-GEMM rate.
 - nccl-tests: NVIDIA/nccl-tests `doc/PERFORMANCE.md` (bus bandwidth: the per-link rate a
   collective reaches, comparable with the link's hardware bandwidth).
+- Loss-Free Balancing: Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing Strategy for
+  Mixture-of-Experts", arXiv:2408.15664, §4 (MaxVio: the most loaded expert's excess over the
+  mean load, measured per training batch, with an auxiliary loss and with expert biases).
 """
 
 from __future__ import annotations
 
 from functools import cache
 from typing import Any
+from typing import cast
 
 import yaml
 from pydantic import BaseModel
@@ -34,7 +38,8 @@ from autotune.specs import GPUSpec
 
 def _fitted(default: float, low: float, high: float, **kwargs: Any) -> Any:
     """A constant the fit may move within [low, high] (its physical range)."""
-    return Field(default=default, json_schema_extra={"fit": (low, high)}, **kwargs)
+    extra: dict[str, Any] = {"fit": (low, high)}
+    return Field(default=default, json_schema_extra=extra, **kwargs)
 
 
 class Constants(BaseModel):
@@ -91,6 +96,15 @@ class Constants(BaseModel):
     the compute it overlaps (NCCL kernels take SMs and HBM bandwidth). Unit: dimensionless.
     Source: NCCL runs 8-16 channels (one SM each) of the GPU's 108-132 SMs while it overlaps,
     about a tenth. Fit bounds 0.5-1 (trial refits; the published runs do not identify it)."""
+    moe_load_imbalance: float = Field(default=1.1, ge=1, le=4)
+    """Tokens the most loaded expert-parallel rank receives over the mean (dropless routing):
+    it scales that rank's expert GEMMs, its all-to-all bytes and its routed activations, and
+    the whole expert-parallel group waits for it. Unit: dimensionless (1 = perfect balance, as
+    in benchmarks with forced-balanced routing). Source: Loss-Free Balancing (the most loaded
+    expert of a batch stays well above the mean with an auxiliary loss, closer to it with expert
+    biases); a rank holds E/ep experts, which averages the per-expert excess down, so the
+    default charges the slowest rank 10 %. Not fitted (no published run measures it: both MoE
+    rows of data/published_runs.csv force-balance their routing)."""
     cpu_adam_params_per_s: float = Field(default=1.0e9, gt=0)
     """Parameters one node's CPUs update per second with DeepSpeedCPUAdam (offload). Unit:
     1/s. Source: ZeRO-Offload (Ren et al. 2021: ~1e9 parameters/s per node). Not fitted."""
@@ -111,7 +125,7 @@ class Constants(BaseModel):
 
 
 FIT_BOUNDS: dict[str, tuple[float, float]] = {
-    name: field.json_schema_extra["fit"]  # type: ignore[index]
+    name: cast("tuple[float, float]", field.json_schema_extra["fit"])
     for name, field in Constants.model_fields.items()
     if isinstance(field.json_schema_extra, dict) and "fit" in field.json_schema_extra
 }
@@ -119,7 +133,7 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
 
 
 @cache
-def _table() -> dict[str, dict]:
+def _table() -> dict[str, dict[str, Any]]:
     path = resource_dir("presets") / "constants.yaml"
     return yaml.safe_load(path.read_text()) or {}
 

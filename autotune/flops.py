@@ -1,12 +1,19 @@
 """Floating-point operations of one training iteration (Megatron-Core's definition).
 
-Source: `num_floating_point_operations` in Megatron-LM `megatron/training/training.py` (dense GPT
-branch): with T = B·s tokens, q = d·a, κ = d·g and c = 3 for SwiGLU (else 2),
+Source: `num_floating_point_operations` in NVIDIA/Megatron-LM `megatron/training/training.py`
+@ d98e8a64ddf34856e74b24714e3bedb2f5a39553 (`transformer_flops`, BSHD). With T = B·s tokens,
+c = 3 for SwiGLU (else 2), L = L_dense + L_moe layers (the MoE layer pattern:
+`moe_layer_freq` and the first dense layers), f the dense MLP width, f_e one routed expert's,
+k the routed experts per token and f_s the shared experts' total width,
 
-    F = T·{6·h·c·f·L + 6·[h·(q + 2κ) + q·h]·L + 6·h·V} + 6·q·L·B·s²
+    F = T·{6·h·c·[f·L_dense + (f_e·k + f_s)·L_moe] + A·L + 6·h·V} + 6·W·L·B·s²
 
-where the last term is attention scores and values with the causal mask halving them. Recompute
-is not counted there ("model FLOPs"); `hardware_flops` adds it.
+where A is the attention projections' FLOPs per token, 6·[h·(q + 2κ) + q·h] with q = d·a,
+κ = d·g, or for multi-latent attention 6·[r_q·(h + a·(d_n + d_r) + 1) + r_kv·(h + a·(d_n + d_v)
++ 1) + h·d_r + a·d_v·h] (latent ranks r, no-position, rotary and value head widths d); and
+W·s is the attention scores and values with the causal mask halving them: W = q, or
+a·(d_n + d_r + d_v)/2 with multi-latent attention. Routers are not counted there, nor is
+recompute ("model FLOPs"); `hardware_flops` adds the recompute.
 All functions take plain numbers or numpy arrays (for seq, batch and vocab) and compute in float64
 (FLOPs of a large iteration overflow int64).
 """
@@ -18,17 +25,54 @@ from typing import Any
 from autotune.specs import ModelSpec
 
 
-def dense_flops_per_token_per_layer(model: ModelSpec) -> int:
-    """Matrix-multiply FLOPs (forward + backward) per layer and token, scores excluded."""
-    h, f, d = model.hidden_size, model.ffn, model.head_dim
-    q, kv = d * model.num_attention_heads, d * model.query_groups
-    mlp_matrices = 3 if model.gated else 2
-    return 6 * h * mlp_matrices * f + 6 * (h * (q + 2 * kv) + q * h)
+def attention_linear_flops_per_token(model: ModelSpec) -> int:
+    """Attention projection FLOPs (forward + backward) per layer and token."""
+    h, heads = model.hidden_size, model.num_attention_heads
+    if model.multi_latent_attention:
+        nope, rope = model.qk_head_dim or 0, model.qk_pos_emb_head_dim or 0
+        v, kv_rank = model.v_head_dim or 0, model.kv_lora_rank or 0
+        if model.q_lora_rank is None:
+            query = h * heads * (nope + rope)
+        else:
+            query = model.q_lora_rank * (h + heads * (nope + rope) + 1)
+        key_value = kv_rank * (h + heads * (nope + v) + 1) + h * rope
+        return 6 * (query + key_value + heads * v * h)
+    q, kv = model.head_dim * heads, model.head_dim * model.query_groups
+    return 6 * (h * (q + 2 * kv) + q * h)
+
+
+def mlp_flops_per_token(model: ModelSpec, moe: bool) -> int:
+    """MLP FLOPs (forward + backward) per token of one dense or one MoE layer: a MoE layer
+    counts its top-k routed experts and its shared experts, not the router."""
+    matrices = 3 if model.gated else 2
+    if not moe:
+        return 6 * model.hidden_size * matrices * model.ffn
+    width = model.moe_ffn * model.moe_router_topk + (model.moe_shared_expert_intermediate_size
+                                                     or 0)
+    return 6 * model.hidden_size * matrices * width
+
+
+def dense_flops_per_token_per_layer(model: ModelSpec) -> float:
+    """Matrix-multiply FLOPs (forward + backward) per token of the mean layer (dense and MoE
+    layers in the model's proportion), scores excluded."""
+    moe_layers = sum(model.moe_layer_pattern)
+    mlp = ((model.num_layers - moe_layers) * mlp_flops_per_token(model, moe=False)
+           + moe_layers * mlp_flops_per_token(model, moe=True))
+    return attention_linear_flops_per_token(model) + mlp / model.num_layers
+
+
+def attention_width(model: ModelSpec) -> float:
+    """W: score and value FLOPs per token and key are 6·W with the causal halving."""
+    heads = model.num_attention_heads
+    if model.multi_latent_attention:
+        widths = (model.qk_head_dim or 0) + (model.qk_pos_emb_head_dim or 0)
+        return heads * (widths + (model.v_head_dim or 0)) / 2
+    return model.head_dim * heads
 
 
 def attention_flops_per_token_per_layer(model: ModelSpec, seq: Any) -> Any:
     """Score and value FLOPs (forward + backward) per layer and token, causal-halved."""
-    return 6.0 * model.head_dim * model.num_attention_heads * seq
+    return 6.0 * attention_width(model) * seq
 
 
 def logits_flops_per_token(model: ModelSpec, vocab: Any) -> Any:

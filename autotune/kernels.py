@@ -16,6 +16,18 @@ by tensor parallelism), its attention core and its memory-bound kernels:
 Context parallelism gives each GPU s/cp queries against (causally, on average) half of all s
 keys: its attention FLOPs are 1/cp of the sequence's. Recompute repeats the forward (full) or the
 attention core (selective) inside the backward.
+
+Multi-latent attention runs its down projections replicated and its up and output projections
+split by tp (megatron-core MLASelfAttention). A Mixture-of-Experts layer (`layer_gemms`) keeps
+the attention, runs its shared experts as a tensor-parallel MLP, its router (h × E) on the
+rank's own tokens, and its routed experts as grouped GEMMs: E/ep local experts, each an M×N×K
+GEMM whose M is the token copies per local expert (`routed_tokens`·ep/E) and whose N or K is the
+expert width split by etp. That M is small (a micro-batch of one 4k sequence: Mixtral at tp 1,
+ep 8 gives 4k·2·8/8 = 8k; DeepSeek-V3 at tp 2, ep 64 gives 2k·8·64/256 = 4k; at ep 8, 512), so
+`gemm_efficiency` at that size is the grouped GEMM's efficiency. The most loaded
+expert-parallel rank gets `moe_load_imbalance` times the mean copies; the layer waits for it, so
+its expert GEMMs and routed memory traffic set the time (FLOPs executed stay the balanced
+count). A stage runs dense and MoE layers in the model's proportion (`mean_layer_times`).
 """
 
 from __future__ import annotations
@@ -44,15 +56,90 @@ FP8_CAST_BYTES = 2
 activation kernels emit FP8, cast_transpose fuses the rest)."""
 
 
-def linear_shapes(model: ModelSpec, tp: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(N, K) of each linear GEMM of a dense layer on one tensor-parallel rank (M = tokens):
-    QKV and MLP up/gate split their outputs, projection and MLP down their inputs."""
-    h, d = model.hidden_size, model.head_dim
-    q, kv = d * model.num_attention_heads, d * model.query_groups
-    up = model.ffn * (2 if model.gated else 1)
-    ones = np.ones_like(tp, dtype=float)
-    return [((q + 2 * kv) / tp, h * ones), (h * ones, q / tp), (up / tp, h * ones),
-            (h * ones, model.ffn / tp)]
+@dataclasses.dataclass(frozen=True, slots=True)
+class Gemm:
+    """One linear GEMM of a layer on one GPU: M×N×K, run `count` times (a grouped GEMM's
+    experts), M scaled by `slow` on the most loaded rank (routed experts)."""
+
+    m: Any
+    n: Any
+    k: Any
+    count: Any = 1
+    column: bool = False
+    """Column-parallel (QKV, MLP up): backward tensor-parallel collectives may hide under it."""
+    fp8: bool = True
+    """Runs in FP8 in FP8 training (routers stay 16-bit)."""
+    slow: Any = 1.0
+
+
+def _attention_gemms(model: ModelSpec, n: Any, tp: np.ndarray) -> list[Gemm]:
+    """QKV (or multi-latent down/up projections) and the output projection."""
+    h, ones = model.hidden_size, np.ones_like(tp, dtype=float)
+    heads = model.num_attention_heads
+    if model.multi_latent_attention:
+        # megatron-core MLASelfAttention: down projections replicated, up projections and the
+        # output projection split by tp
+        nope, rope = model.qk_head_dim or 0, model.qk_pos_emb_head_dim or 0
+        v, kv_rank = model.v_head_dim or 0, model.kv_lora_rank or 0
+        gemms = [Gemm(n, (kv_rank + rope) * ones, h * ones),
+                 Gemm(n, heads * (nope + v) / tp, kv_rank * ones, column=True)]
+        if model.q_lora_rank is None:
+            gemms.append(Gemm(n, heads * (nope + rope) / tp, h * ones, column=True))
+        else:
+            rank = model.q_lora_rank
+            gemms += [Gemm(n, rank * ones, h * ones),
+                      Gemm(n, heads * (nope + rope) / tp, rank * ones, column=True)]
+        return [*gemms, Gemm(n, h * ones, heads * v / tp)]
+    d = model.head_dim
+    q, kv = d * heads, d * model.query_groups
+    return [Gemm(n, (q + 2 * kv) / tp, h * ones, column=True), Gemm(n, h * ones, q / tp)]
+
+
+def _mlp_gemms(model: ModelSpec, n: Any, tp: np.ndarray, width: int) -> list[Gemm]:
+    """A tensor-parallel (gated) MLP h → width → h on n tokens."""
+    h, ones = model.hidden_size, np.ones_like(tp, dtype=float)
+    up = width * (2 if model.gated else 1)
+    return [Gemm(n, up / tp, h * ones, column=True), Gemm(n, h * ones, width / tp)]
+
+
+def routed_tokens(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
+    """Token copies one rank's experts process per MoE layer and micro-batch, balanced routing.
+
+    Each GPU routes its own s·b/(cp·tp) tokens (sequence-parallel with tp; Megatron's MoE
+    refuses tp without sp, DeepSpeed drops the tp duplicates) k times; the all-to-all over ep
+    delivers, on average, as many copies as it sent (E/ep local experts of E), and etp > 1
+    all-gathers the copies of the etp ranks that split the same experts."""
+    m = cfg.model
+    local = t.mbs * cfg.train.seq_length / (t.cp * t.tp)
+    copies: np.ndarray = local * m.moe_router_topk * t.etp
+    return copies
+
+
+def layer_gemms(cfg: AutotuneConfig, t: LayoutTable, k: Constants, moe: bool) -> list[Gemm]:
+    """The linear GEMMs of one dense or MoE layer on one GPU for one micro-batch.
+
+    Dense: QKV, output projection, MLP up/gate and down on all s·b/cp tokens, split by tp.
+    MoE: the same attention; shared experts as a tensor-parallel MLP; the router (h × E,
+    replicated, on the rank's own tokens); the routed experts as grouped GEMMs over E/ep local
+    experts whose M is the tokens per local expert, `routed_tokens`·ep/E, which
+    `moe_load_imbalance` scales on the slowest rank (small M: low `gemm_efficiency`).
+    """
+    m = cfg.model
+    n = t.mbs * cfg.train.seq_length / t.cp  # tokens of this GPU (all enter every tp GEMM)
+    gemms = _attention_gemms(m, n, t.tp)
+    if not moe:
+        return gemms + _mlp_gemms(m, n, t.tp, m.ffn)
+    if m.moe_shared_expert_intermediate_size:
+        gemms += _mlp_gemms(m, n, t.tp, m.moe_shared_expert_intermediate_size)
+    experts = m.num_experts or 1
+    h, ones = m.hidden_size, np.ones_like(t.tp, dtype=float)
+    gemms.append(Gemm(n / t.tp, experts * ones, h * ones, fp8=False))
+    per_expert = routed_tokens(cfg, t) * t.ep / experts
+    local = experts / t.ep
+    up = m.moe_ffn * (2 if m.gated else 1)
+    slow = k.moe_load_imbalance
+    return gemms + [Gemm(per_expert, up / t.etp, h * ones, local, slow=slow),
+                    Gemm(per_expert, h * ones, m.moe_ffn / t.etp, local, slow=slow)]
 
 
 def gemm_efficiency(m: Any, n: Any, kk: Any, k: Constants, fp8: bool = False) -> Any:
@@ -62,26 +149,42 @@ def gemm_efficiency(m: Any, n: Any, kk: Any, k: Constants, fp8: bool = False) ->
     return top * x / (x + k.gemm_half_size)
 
 
-def elementwise_bytes(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
+def elementwise_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
+                      moe: bool = False) -> np.ndarray:
     """HBM bytes the memory-bound kernels of one layer move forward, for one micro-batch.
 
     Per token of this GPU: two norms (read + write h), two residual adds (two reads and a write
     of h) and, with dropout, their 1-byte masks, on s/cp tokens (÷tp with sequence parallelism);
     rotary on q and k, the MLP activation (SwiGLU reads 2f, writes f), and with FP8 the cast of
-    every GEMM input, on the tensor-parallel shard.
+    every GEMM input, on the tensor-parallel shard. A MoE layer runs the activation on its
+    shared experts (tp shard) and on the routed copies of the slowest rank (expert width / etp),
+    whose permutation and un-permutation each read and write 2h bytes per copy, and the router
+    writes and reads fp32 scores over all E experts for the rank's own tokens.
     """
     m = cfg.model
     n = t.mbs * cfg.train.seq_length / t.cp
     h, d = m.hidden_size, m.head_dim
     q, kv = d * m.num_attention_heads, d * m.query_groups
+    act = 6 if m.gated else 4
     replicated = 2 * (2 * h + 2 * h) + 2 * (3 * 2 * h) + (2 * h if m.hidden_dropout > 0 else 0)
-    sharded = (6 if m.gated else 4) * m.ffn
+    width = (m.moe_shared_expert_intermediate_size or 0) if moe else m.ffn
+    sharded = act * width
     if m.position_embedding == "rope":
         sharded = sharded + 2 * 2 * (q + kv)
-    if cfg.train.precision == "fp8":
-        sharded = sharded + FP8_CAST_BYTES * (q + m.ffn)
+    fp8 = cfg.train.precision == "fp8"
+    if fp8:
+        sharded = sharded + FP8_CAST_BYTES * (q + width)
         replicated = replicated + FP8_CAST_BYTES * 2 * h
-    return n * (replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp)
+    total: np.ndarray = n * (replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp)
+    if not moe:
+        return total
+    copies = routed_tokens(cfg, t) * k.moe_load_imbalance
+    per_copy = act * m.moe_ffn / t.etp + 2 * (2 * 2 * h)
+    if fp8:
+        per_copy = per_copy + FP8_CAST_BYTES * (h + m.moe_ffn / t.etp)
+    router = n / t.tp * 2 * 4 * (m.num_experts or 1)
+    with_experts: np.ndarray = total + copies * per_copy + router
+    return with_experts
 
 
 @dataclasses.dataclass(slots=True)
@@ -105,22 +208,26 @@ class LayerTimes:
     @property
     def forward(self) -> np.ndarray:
         """Forward seconds."""
-        return self.linear_forward + self.attention_forward + self.memory_forward
+        work: np.ndarray = self.linear_forward + self.attention_forward + self.memory_forward
+        return work
 
     @property
     def backward(self) -> np.ndarray:
         """Backward seconds, recompute included."""
         work = self.linear_forward + self.attention_forward + self.memory_forward
-        return 2 * work + self.recompute
+        backward: np.ndarray = 2 * work + self.recompute
+        return backward
 
     @property
     def total(self) -> np.ndarray:
         """Forward plus backward seconds."""
-        return self.forward + self.backward
+        total: np.ndarray = self.forward + self.backward
+        return total
 
 
-def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> LayerTimes:
-    """One dense layer's compute for one micro-batch on one GPU of each layout."""
+def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
+                moe: bool = False) -> LayerTimes:
+    """One dense (or MoE) layer's compute for one micro-batch on one GPU of each layout."""
     m, train, gpu = cfg.model, cfg.train, cfg.cluster.gpu
     peak16 = gpu.peak_tflops.get("bf16", gpu.peak_tflops[train.precision]) * 1e12
     fp8 = train.precision == "fp8"
@@ -132,11 +239,14 @@ def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> LayerTimes
     linear = np.zeros(len(t))
     column = np.zeros(len(t))
     linear_flops = np.zeros(len(t))
-    for index, (out, into) in enumerate(linear_shapes(m, t.tp)):
-        flops = 2 * n * out * into
-        seconds = flops / (peak * gemm_efficiency(n, out, into, k, fp8))
+    for gemm in layer_gemms(cfg, t, k, moe):
+        low = fp8 and gemm.fp8
+        flops = 2 * gemm.m * gemm.n * gemm.k * gemm.count
+        m_slow = gemm.m * gemm.slow
+        rate = (peak if low else peak16) * gemm_efficiency(m_slow, gemm.n, gemm.k, k, low)
+        seconds = flops * gemm.slow / rate
         linear, linear_flops = linear + seconds, linear_flops + flops
-        if index in (0, 2):
+        if gemm.column:
             column = column + 2 * seconds
 
     # attention: causal FLOPs of s/cp queries over the sequence, split over tp
@@ -153,7 +263,7 @@ def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> LayerTimes
         attention = square / (peak16 * per_head)
         attention_flops = 3 * square
         scores = SCORE_BYTES_FORWARD * heads * n * s
-    memory = k.elementwise_passes * (elementwise_bytes(cfg, t) + scores) / hbm
+    memory = k.elementwise_passes * (elementwise_bytes(cfg, t, k, moe) + scores) / hbm
 
     full = t.recompute == 2
     selective = t.recompute == 1
@@ -169,6 +279,25 @@ def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> LayerTimes
         recompute=recompute,
         flops=executed,
     )
+
+
+def moe_share(model: ModelSpec) -> float:
+    """Fraction of the layers whose MLP is a Mixture of Experts (0 for a dense model)."""
+    return sum(model.moe_layer_pattern) / model.num_layers
+
+
+def mean_layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> LayerTimes:
+    """The mean layer of a stage: dense and MoE layers in the model's proportion (a pipeline
+    stage is charged its layer count times this mean)."""
+    dense = layer_times(cfg, t, k)
+    share = moe_share(cfg.model)
+    if share == 0:
+        return dense
+    moe = layer_times(cfg, t, k, moe=True)
+    return LayerTimes(**{
+        field.name: (1 - share) * getattr(dense, field.name) + share * getattr(moe, field.name)
+        for field in dataclasses.fields(LayerTimes)
+    })
 
 
 def head_times(cfg: AutotuneConfig, t: LayoutTable, vocab: np.ndarray,

@@ -7,7 +7,16 @@ Transformer Models", §4): per layer s·b·h·(10 + 24/t) bytes plus 5·a·s²·
 scores, generalised here to GQA and SwiGLU; sequence parallelism divides the replicated 10·sbh
 by t;
 flash attention and selective recompute drop the score term; full recompute keeps only each
-layer's 2·s·b·h input. The first 1F1B stage holds min(m, p) micro-batches in flight, p + (p−1)/v
+layer's 2·s·b·h input. A MoE layer stores, instead of the dense MLP's intermediates, its shared
+experts' (split by tp), the routed copies the slowest expert-parallel rank receives
+(`kernels.routed_tokens` times `moe_load_imbalance`: expert input and output, 2h + 2h, and the
+expert MLP intermediates split by etp) and the router's probabilities and routing map; a stage
+holds dense and MoE layers in the model's proportion. Model states of routed experts (E/ep
+experts split by etp, `autotune.sharding`) are sharded by ZeRO over the expert data-parallel
+degree edp = world/(etp·ep·pp), dense states over dp·cp (Megatron-LM
+`theoretical_memory_usage.py`: 6 + 12/edp bytes for experts with the distributed optimizer).
+The dispatch/combine all-to-all buffers are transient (freed within the layer) and not counted.
+The first 1F1B stage holds min(m, p) micro-batches in flight, p + (p−1)/v
 with interleaving (Megatron's factor). The last stage holds the fp32 logits.
 """
 
@@ -19,7 +28,11 @@ import numpy as np
 
 from autotune.constants import Constants
 from autotune.frameworks import framework_of
+from autotune.kernels import moe_share
+from autotune.kernels import routed_tokens
 from autotune.layout import LayoutTable
+from autotune.sharding import expert_data_parallel
+from autotune.sharding import expert_params_on_rank
 from autotune.sharding import largest_module_params
 from autotune.sharding import params_on_rank
 from autotune.specs import AutotuneConfig
@@ -29,8 +42,10 @@ MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "b
 """Named parts of the per-GPU memory estimate, in report order."""
 
 
-def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
-    """Bytes one layer stores for backward, for one micro-batch, without full recompute."""
+def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
+                           moe: bool = False) -> np.ndarray:
+    """Bytes one dense (or MoE) layer stores for backward, for one micro-batch, without full
+    recompute."""
     m = cfg.model
     s = cfg.train.seq_length / t.cp
     sbh = s * t.mbs * m.hidden_size
@@ -39,15 +54,28 @@ def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
     # dropout: Korthikanti's 2sbh of masks; a model trained without dropout stores none)
     replicated = (8 + (2 if m.hidden_dropout > 0 else 0)) * sbh
     # Q, K, V (GQA shrinks K and V), output-projection input, MLP intermediates (SwiGLU stores 3f)
-    sharded = (4 + 4 * groups) * sbh + (6 if m.gated else 4) * s * t.mbs * m.ffn
+    act = 6 if m.gated else 4
+    width = (m.moe_shared_expert_intermediate_size or 0) if moe else m.ffn
+    sharded = (4 + 4 * groups) * sbh + act * s * t.mbs * width
     scores = 0 if cfg.train.flash_attention else 5 * m.num_attention_heads * s * s * t.mbs
     sharded = sharded + scores * (t.recompute == 0)
-    return replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp
+    stored: np.ndarray = replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp
+    if not moe:
+        return stored
+    # the slowest rank's routed copies: expert input and output (2h + 2h, the output kept for
+    # the routing-probability gradient) and the expert MLP intermediates (width / etp); the
+    # router's fp32 probabilities and 1-byte routing map over E experts for its own tokens
+    copies = routed_tokens(cfg, t) * k.moe_load_imbalance
+    routed = copies * (4 * m.hidden_size + act * m.moe_ffn / t.etp)
+    router = s * t.mbs / t.tp * 5 * (m.num_experts or 1)
+    moe_stored: np.ndarray = stored + routed + router
+    return moe_stored
 
 
 def _layer_input_bytes(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
     s = cfg.train.seq_length / t.cp
-    return 2 * s * t.mbs * cfg.model.hidden_size / np.where(t.sp, t.tp, 1)
+    inputs: np.ndarray = 2 * s * t.mbs * cfg.model.hidden_size / np.where(t.sp, t.tp, 1)
+    return inputs
 
 
 @dataclasses.dataclass(slots=True)
@@ -80,7 +108,11 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[s
     and `stage` (0 first, 1 middle, 2 last: which stage was the most loaded).
     """
     m = cfg.model
-    per_layer = layer_activation_bytes(cfg, t) * k.activation_memory_factor
+    share = moe_share(m)
+    per_layer = layer_activation_bytes(cfg, t, k)
+    if share:
+        per_layer = (1 - share) * per_layer + share * layer_activation_bytes(cfg, t, k, moe=True)
+    per_layer = per_layer * k.activation_memory_factor
     full = t.recompute == 2
     stored_per_layer = np.where(full, _layer_input_bytes(cfg, t), per_layer)
     s = cfg.train.seq_length / t.cp
@@ -92,8 +124,15 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[s
         present = stage.layers > 0
         embedding = np.full(len(t), stage.embedding) | ((t.pp == 1) & stage.output)
         output = np.full(len(t), stage.output)
-        params = params_on_rank(m, t, vocab, stage.layers, embedding, output)
+        params = params_on_rank(m, t, vocab, stage.layers, embedding, output,
+                                experts=False)
         states = framework.state_bytes(cfg, t, params, gathered)
+        if share:
+            experts = expert_params_on_rank(m, t, stage.layers)
+            expert_states = framework.state_bytes(cfg, t, experts, 0 * gathered,
+                                                  shard=expert_data_parallel(t))
+            states = {name: states[name] + expert_states[name] for name in states}
+            params = params + experts
         activations = stage.layers * stage.in_flight * stored_per_layer
         activations = activations + full * per_layer  # one layer re-materialised at a time
         activations = (

@@ -12,12 +12,16 @@ Communication (`autotune.collectives`, NCCL's α-β model) is charged where it i
 - context parallel: Megatron's load-balanced ring passes K/V (forward) and K/V plus their
   gradients (backward) cp−1 times per layer, each pass under one block of attention; Ulysses
   all-to-alls (q, k, v in, output back) are exposed.
+- expert parallel (`ep_comm`, MoE layers only): token dispatch and combine all-to-alls over the
+  ep group, forward and backward, and with etp > 1 the expert tensor-parallel gathers, all
+  exposed, sized by the slowest rank's routed tokens (`moe_load_imbalance`).
 - pipeline: the 1F1B bubble of (p−1)/v micro-batch times of the slowest stage, and the
   activation sends (all on the critical path without interleaving; only the fill and drain
   with interleaving, whose sends overlap).
-- data parallel: gradient buckets are reduced while the last micro-batch's backward runs on the
-  layers before them: the last bucket is always exposed; the distributed optimizer's parameter
-  all-gather hides under the next forward where the framework overlaps it.
+- data parallel: dense gradients over dp·cp, routed-expert gradients over edp; buckets are
+  reduced while the last micro-batch's backward runs on the layers before them: the last
+  bucket is always exposed; the distributed optimizer's parameter all-gather hides under the
+  next forward where the framework overlaps it.
 - ZeRO-3: every micro-batch gathers each layer's weights before its forward (prefetched under
   the previous layer) and before its backward, and reduce-scatters its gradients, with ring
   latency over all dp·cp ranks; the first gather is never hidden.
@@ -37,8 +41,12 @@ from autotune.collectives import send_s
 from autotune.constants import Constants
 from autotune.frameworks import framework_of
 from autotune.kernels import head_times
-from autotune.kernels import layer_times
+from autotune.kernels import mean_layer_times
+from autotune.kernels import moe_share
+from autotune.kernels import routed_tokens
 from autotune.layout import LayoutTable
+from autotune.sharding import expert_data_parallel
+from autotune.sharding import expert_params_on_rank
 from autotune.sharding import params_on_rank
 from autotune.specs import AutotuneConfig
 
@@ -52,8 +60,10 @@ TIME_PARTS = (
     "zero3_gather",
     "offload",
     "optimizer",
+    "ep_comm",
 )
-"""Named parts of the predicted step time, in report order."""
+"""Named parts of the predicted step time, in report order (`ep_comm` last: it is 0 for dense
+models, and the parts before it keep their report colours)."""
 
 OPTIMIZER_BYTES_PER_PARAM = 38
 """Adam step on the GPU, bytes per parameter: read fp32 master, m, v and gradient (16), write
@@ -86,7 +96,8 @@ def _tp_layer_s(cfg: AutotuneConfig, t: LayoutTable, linear_forward: np.ndarray,
         overlapped = exposed_s(every, 3 * linear_forward, k)
         plain = forward + backward + (t.recompute == 2) * forward
         return np.where(t.sp, overlapped, plain)
-    return forward + backward + (t.recompute == 2) * forward
+    layer_s: np.ndarray = forward + backward + (t.recompute == 2) * forward
+    return layer_s
 
 
 def _cp_layer_s(cfg: AutotuneConfig, t: LayoutTable, attention_forward: np.ndarray,
@@ -110,18 +121,72 @@ def _cp_layer_s(cfg: AutotuneConfig, t: LayoutTable, attention_forward: np.ndarr
     return np.where(t.cp > 1, forward * (1 + again) + backward, 0.0)
 
 
+def _ep_layer_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> np.ndarray:
+    """Expert-parallel communication of one MoE layer and micro-batch (0 at ep = etp = 1).
+
+    Dispatch and combine all-to-alls over the ep group, forward and backward (4, 6 when full
+    recompute repeats the forward); each moves the rank's routed copies (`routed_tokens` / etp
+    of them before the etp gather, 2h bytes each) times `moe_load_imbalance` (the slowest rank
+    receives the most and the group waits for it). The ep group's ranks are consecutive after
+    etp (Megatron's expert grid order tp-ep-dp-pp with tp = etp), so gpus_per_node / etp of
+    them share a node. With etp > 1 the routed copies are all-gathered over etp after the
+    dispatch and reduce-scattered before the combine (and the reverse in the backward).
+    Megatron runs these on the critical path (no overlap without
+    --overlap-moe-expert-parallel-comm): all exposed.
+    """
+    m, gpn = cfg.model, cfg.cluster.gpus_per_node
+    passes = 4 + 2 * (t.recompute == 2)
+    copies = routed_tokens(cfg, t) * k.moe_load_imbalance
+    sent = 2 * m.hidden_size * copies / t.etp
+    per_node = np.maximum(gpn // t.etp, 1)
+    dispatch = all_to_all_s(sent, t.ep, per_node, cfg, k)
+    gather = collective_s("all_gather", 2 * m.hidden_size * copies, t.etp, np.full(len(t), gpn),
+                          cfg, k)
+    ep_s: np.ndarray = passes * (dispatch + gather)
+    return ep_s
+
+
 def _reduce_s(kind: Kind, nbytes_per_param: float, params: np.ndarray, bucket: np.ndarray,
               window: np.ndarray, overlap: bool, cfg: AutotuneConfig, t: LayoutTable,
-              k: Constants) -> np.ndarray:
-    """A bucketed collective over the dp·cp group hidden under `window` seconds of compute that
-    produce (or consume) the buckets in turn: the last bucket is never hidden."""
-    ranks = t.shard_degree
-    per_node = np.maximum(cfg.cluster.gpus_per_node // t.tp, 1)
+              k: Constants, expert: bool = False) -> np.ndarray:
+    """A bucketed collective over the dp·cp group (routed experts: the edp group, whose ranks
+    are etp·ep apart) hidden under `window` seconds of compute that produce (or consume) the
+    buckets in turn: the last bucket is never hidden."""
+    if expert:
+        ranks = expert_data_parallel(t)
+        per_node = np.maximum(cfg.cluster.gpus_per_node // (t.etp * t.ep), 1)
+    else:
+        ranks = t.shard_degree
+        per_node = np.maximum(cfg.cluster.gpus_per_node // t.tp, 1)
     buckets = np.maximum(np.ceil(params / np.maximum(bucket, 1)), 1)
     one = collective_s(kind, nbytes_per_param * params / buckets, ranks, per_node, cfg, k)
     if not overlap:
-        return buckets * one
-    return one + exposed_s((buckets - 1) * one, window * (buckets - 1) / buckets, k)
+        serial: np.ndarray = buckets * one
+        return serial
+    last: np.ndarray = one + exposed_s((buckets - 1) * one, window * (buckets - 1) / buckets, k)
+    return last
+
+
+def _dp_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarray,
+          forward_mb: np.ndarray, backward_mb: np.ndarray, expert: bool) -> np.ndarray:
+    """Data-parallel gradient reduction (and the sharded optimizer's parameter gather) of
+    `params` parameters per rank, over dp·cp or, for routed experts, over edp."""
+    framework = framework_of(cfg)
+    grad_bytes = framework.grad_reduce_bytes(cfg)
+    bucket = framework.grad_bucket_params(cfg, t, params)
+    overlap = cfg.train.overlap_grad_reduce
+    all_reduce = _reduce_s("all_reduce", grad_bytes, params, bucket, backward_mb, overlap,
+                           cfg, t, k, expert)
+    scatter = _reduce_s("reduce_scatter", grad_bytes, params, bucket, backward_mb, overlap,
+                        cfg, t, k, expert)
+    grads = np.where(t.zero == 0, all_reduce, scatter)
+    if framework.zero2_reduces_every_microbatch:
+        grads = np.where(t.zero == 2, grads * t.micro_batches, grads)
+    gather = _reduce_s("all_gather", 2, params, bucket, forward_mb,
+                       overlap and framework.param_gather_overlaps_forward, cfg, t, k, expert)
+    dp = grads + np.where((t.zero >= 1) & (t.zero < 3), gather, 0.0)
+    ranks = expert_data_parallel(t) if expert else t.shard_degree
+    return np.where((ranks > 1) & (t.zero < 3), dp, 0.0)
 
 
 def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str, np.ndarray]:
@@ -135,21 +200,24 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     split = framework.split_layers(cfg, t.pp, t.vpp)
     single = t.pp == 1
 
-    layer = layer_times(cfg, t, k)
+    layer = mean_layer_times(cfg, t, k)
     tp_layer = _tp_layer_s(cfg, t, layer.linear_forward, layer.column_backward, k)
     cp_layer = _cp_layer_s(cfg, t, layer.attention_forward, k)
+    share = moe_share(m)
+    ep_layer = share * _ep_layer_s(cfg, t, k) if share else np.zeros(len(t))
     head_s, head_flops = head_times(cfg, t, vocab, k)
 
     # the slowest stage: first, middle or last (the last also runs the output layer and loss)
     last_layers = np.where(single, split.first, split.last)
     stages = np.stack([split.first, np.where(t.pp > 2, split.middle, 0), last_layers])
     compute = stages * layer.total + np.array([[0.0], [0.0], [1.0]]) * head_s
-    comm_tp, comm_cp = stages * tp_layer, stages * cp_layer
-    per_micro = compute + comm_tp + comm_cp
+    comm_tp, comm_cp, comm_ep = stages * tp_layer, stages * cp_layer, stages * ep_layer
+    per_micro = compute + comm_tp + comm_cp + comm_ep
     slowest = np.argmax(per_micro, axis=0)
     pick = np.arange(len(t))
     layers = stages[slowest, pick]
-    compute_mb, tp_mb, cp_mb = (a[slowest, pick] for a in (compute, comm_tp, comm_cp))
+    compute_mb, tp_mb, cp_mb, ep_mb = (a[slowest, pick]
+                                       for a in (compute, comm_tp, comm_cp, comm_ep))
     microbatch = per_micro[slowest, pick]
     holds_head = slowest == 2
 
@@ -162,24 +230,20 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     sends = np.where(t.vpp > 1, 2 * (t.pp - 1), 2 * (micro + t.pp - 1))
     p2p = np.where(single, 0.0, sends * send)
 
-    # data parallel over dp·cp: gradient reduce under the last backward, parameter gather
-    params = params_on_rank(m, t, vocab, layers, single | (slowest == 0), holds_head)
+    # data parallel over dp·cp (routed experts over edp): gradient reduce under the last
+    # backward, parameter gather
+    first = single | (slowest == 0)
+    params = params_on_rank(m, t, vocab, layers, first, holds_head, experts=False)
+    experts = expert_params_on_rank(m, t, layers)
     forward_mb = layers * layer.forward
     backward_mb = layers * layer.backward + holds_head * head_s * 2 / 3
     grad_bytes = framework.grad_reduce_bytes(cfg)
-    bucket = framework.grad_bucket_params(cfg, t, params)
-    overlap = train.overlap_grad_reduce
-    all_reduce = _reduce_s("all_reduce", grad_bytes, params, bucket, backward_mb, overlap,
-                           cfg, t, k)
-    scatter = _reduce_s("reduce_scatter", grad_bytes, params, bucket, backward_mb, overlap,
-                        cfg, t, k)
-    grads = np.where(t.zero == 0, all_reduce, scatter)
-    if framework.zero2_reduces_every_microbatch:
-        grads = np.where(t.zero == 2, grads * micro, grads)
-    gather = _reduce_s("all_gather", 2, params, bucket, forward_mb,
-                       overlap and framework.param_gather_overlaps_forward, cfg, t, k)
-    dp = grads + np.where((t.zero >= 1) & (t.zero < 3), gather, 0.0)
-    dp = np.where((t.shard_degree > 1) & (t.zero < 3), dp, 0.0)
+    dp = _dp_s(cfg, t, k, params, forward_mb, backward_mb, expert=False)
+    shard = params / np.where(t.zero >= 1, t.shard_degree, 1)  # after ZeRO sharding
+    if share:
+        dp = dp + _dp_s(cfg, t, k, experts, forward_mb, backward_mb, expert=True)
+        shard = shard + experts / np.where(t.zero >= 1, expert_data_parallel(t), 1)
+        params = params + experts
 
     # ZeRO-3: per layer and micro-batch, weights gathered for forward (prefetched) and backward
     ranks, per_node = t.shard_degree, np.maximum(gpn // t.tp, 1)
@@ -192,7 +256,6 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     zero3 = np.where((t.zero >= 3) & (ranks > 1), micro * zero3, 0.0)
 
     # offload: gradients down and weights up over PCIe, Adam on the node's CPUs
-    shard = params / np.where(t.zero >= 1, t.shard_degree, 1)
     pcie = c.pcie_gb_s * 1e9
     offload = np.where(
         t.offload >= 1,
@@ -212,6 +275,7 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
         "zero3_gather": zero3,
         "offload": offload,
         "optimizer": optimizer,
+        "ep_comm": micro * ep_mb,
     }
     parts["total"] = sum(parts[name] for name in TIME_PARTS)
     parts["microbatch_s"] = microbatch

@@ -59,6 +59,7 @@ PART_LABELS = {
     "zero3_gather": "ZeRO-3 gathers",
     "offload": "CPU offload",
     "optimizer": "optimizer step",
+    "ep_comm": "EP all-to-all",
 }
 """Readable names of the step-time parts (`autotune.perf.TIME_PARTS`)."""
 

@@ -193,11 +193,13 @@ class DeepSpeed(Framework):
                           uneven=np.zeros(len(pp), dtype=bool), legal=legal)
 
     def state_bytes(
-        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray,
+        shard: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
         """16-bit weights; 16-bit grads + fp32 grad partition; fp32 master + Adam m, v (12 B),
-        sharded over dp·cp by ZeRO; CPU offload moves the optimizer (and ZeRO-3 parameters)."""
-        n, z, off = t.shard_degree, t.zero, t.offload
+        sharded over dp·cp (experts: edp, DeepSpeed's expert data-parallel group) by ZeRO; CPU
+        offload moves the optimizer (and ZeRO-3 parameters)."""
+        n, z, off = (t.shard_degree if shard is None else shard), t.zero, t.offload
         weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
         grads = np.select(
             [z == 0, z == 1, z == 2],

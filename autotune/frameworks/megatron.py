@@ -166,11 +166,13 @@ class Megatron(Framework):
         return StageSplit(first=first, middle=middle, last=last, uneven=uneven, legal=legal)
 
     def state_bytes(
-        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray,
+        shard: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
         """16-bit weights, fp32 main gradients (4 B), fp32 master + Adam moments (12 B);
-        sharded over dp·cp by the distributed optimizer (zero 1) or Megatron-FSDP (2, 3)."""
-        n, z = t.shard_degree, t.zero
+        sharded over dp·cp (experts: edp) by the distributed optimizer (zero 1) or Megatron-FSDP
+        (2, 3)."""
+        n, z = (t.shard_degree if shard is None else shard), t.zero
         weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
         grads = np.where(z >= 2, 4 * params / n + 4 * (z >= 3) * gathered, 4 * params)
         optimizer = np.where(z >= 1, 12 * params / n, 12 * params)
