@@ -26,6 +26,7 @@ from autotune.flops import model_flops
 from autotune.frameworks import framework_of
 from autotune.frameworks.base import RuleGroup
 from autotune.inputs import load_cluster
+from autotune.inputs import load_model
 from autotune.layout import RECOMPUTES
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
@@ -54,6 +55,14 @@ Megatron-style 3D parallelism or FSDP/ZeRO-style sharded data parallelism."""
 
 _SHARDING = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 _PRECISION = {"16-bit": "bf16", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+RELEASED_PRESETS = {"DeepSeek-V3": "deepseek-v3"}
+"""Rows whose model the CSV's columns cannot describe (multi-latent attention, shared experts,
+dense first layers), by the `model` column: the preset built from its released config.json."""
+RELEASED_FIELDS: dict[str, dict[str, Any]] = {
+    # Qwen/Qwen3-30B-A3B config.json: head_dim 128 (not hidden/heads), q/k norms, rope_theta 1e6
+    "Qwen3-30B-A3B": {"kv_channels": 128, "qk_layernorm": True, "rotary_base": 1.0e6},
+}
+"""Fields of the released config.json that the CSV has no column for, by the `model` column."""
 _POSITIONS = {"alibi": "rope"}  # position schemes without weights map onto rope
 RUN_MEMORY_TOLERANCE = 0.03
 """A run that happened may be predicted this fraction over the usable memory and still count as
@@ -191,6 +200,13 @@ def autotune_framework(row: dict[str, str]) -> str:
 
 def model_spec(row: dict[str, str]) -> ModelSpec:
     """The row's model in autotune's vocabulary (ValueError when the shape is invalid)."""
+    if row["model"] in RELEASED_PRESETS:
+        return load_model(RELEASED_PRESETS[row["model"]])
+    experts: dict[str, Any] = {}
+    if row["num_experts"]:
+        experts = {"num_experts": int(row["num_experts"]),
+                   "moe_router_topk": int(row["moe_topk"]),
+                   "moe_ffn_hidden_size": int(row["moe_ffn_hidden_size"])}
     return ModelSpec(
         name=row["model"],
         num_layers=int(row["num_layers"]),
@@ -207,6 +223,8 @@ def model_spec(row: dict[str, str]) -> ModelSpec:
         add_bias_linear=row["add_bias_linear"] == "yes",
         **({"hidden_dropout": float(row["dropout"]), "attention_dropout": float(row["dropout"])}
            if row["dropout"] else {}),
+        **experts,
+        **RELEASED_FIELDS.get(row["model"], {}),
     )
 
 
@@ -273,7 +291,7 @@ def _options(row: dict[str, str], cfg: AutotuneConfig) -> tuple[dict[str, list[A
     else:
         sp = [row["sequence_parallel"] == "yes"] if row["sequence_parallel"] else [True, False]
     options = {"tp": [tp], "pp": [pp], "cp": [int(row["cp"] or 1)], "vpp": vpp, "zero": zeros,
-               "mbs": mbs, "recompute": recompute, "sp": sp}
+               "mbs": mbs, "recompute": recompute, "sp": sp, "ep": [int(row["ep"] or 1)]}
     return options, notes
 
 
@@ -283,7 +301,7 @@ def candidates(row: dict[str, str], cfg: AutotuneConfig) -> tuple[list[Layout], 
     world, gbs = cfg.world_size, cfg.train.global_batch_size
     layouts = [
         Layout.derived(world, gbs, tp=options["tp"][0], pp=options["pp"][0], cp=options["cp"][0],
-                       vpp=v, zero=z, mbs=m, recompute=r, sp=s)
+                       vpp=v, zero=z, mbs=m, recompute=r, sp=s, ep=options["ep"][0])
         for v in options["vpp"] for z in options["zero"] for m in options["mbs"]
         for r in options["recompute"] for s in options["sp"]
     ]
@@ -303,8 +321,6 @@ def structural_violation(cfg: AutotuneConfig, table: LayoutTable, k: Constants) 
 
 
 def _skip_reason(row: dict[str, str]) -> str | None:
-    if row["num_experts"]:
-        return "MoE: ModelSpec has no experts yet"
     if row["gpu_type"] not in GPU_CLUSTERS:
         return f"no cluster preset for GPU {row['gpu_type']}"
     if row["recompute"] and row["recompute"] not in RECOMPUTES:

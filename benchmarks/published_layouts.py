@@ -17,8 +17,8 @@ For every row of data/published_runs.csv (measured runs and recipes without thro
     A ratio far above 1 means the model believes it beats the experts: a model error, mostly.
 Rows the model cannot express (a GPU without a preset, a recompute policy or a pipeline layout
 it lacks) are skipped with the reason.
-(c) Mixture-of-Experts rows (which `autotune.published` does not read: the CSV lacks their
-    attention and expert shapes): the model from the released config.json (`MOE_MODELS`), the
+(c) Mixture-of-Experts rows: the model from the released config.json where the CSV lacks
+    its attention and expert shapes (`autotune.published.model_spec`), the
     published tp, pp, ep, vpp and mbs, etp = 1, the distributed optimizer, each recompute
     choice; feasibility and predicted against published tokens/s per GPU (nothing fitted).
     DeepSeek-V3's 61 layers do not split over its pp8·vpp4 with Megatron's split flags (the run
@@ -40,7 +40,6 @@ from autotune import enumerate_layouts
 from autotune import estimate
 from autotune import load_space
 from autotune.constants import constants_for
-from autotune.inputs import load_model
 from autotune.layout import RECOMPUTES
 from autotune.layout import Layout
 from autotune.memory import GIB
@@ -119,24 +118,13 @@ def assess(run: PublishedRun) -> dict:
     }
 
 
-MOE_MODELS = {
-    # Qwen/Qwen3-30B-A3B config.json: head_dim 128, q/k norms, 128 experts of width 768, top-8,
-    # no shared expert, rope_theta 1e6
-    "Qwen3-30B-A3B": lambda row: problem(row).model.model_copy(update={
-        "kv_channels": 128, "qk_layernorm": True, "rotary_base": 1.0e6, "num_experts": 128,
-        "moe_router_topk": 8, "moe_ffn_hidden_size": 768}),
-    # deepseek-ai/DeepSeek-V3 config.json: autotune's preset (MLA, 1 shared + 256 routed, top-8,
-    # 3 dense first layers)
-    "DeepSeek-V3": lambda row: load_model("deepseek-v3"),
-}
-"""The MoE rows' models, by the CSV's `model` column."""
+
 
 
 def assess_moe(row: dict[str, str]) -> dict:
     """The published MoE layout (each recompute choice, sp on with tp > 1): feasibility and the
     fastest feasible choice's predicted tokens/s per GPU against the published figure."""
-    base = problem(row)
-    cfg = base.model_copy(update={"model": MOE_MODELS[row["model"]](row)})
+    cfg = problem(row)
     k = constants_for(cfg.cluster.gpu)
     tp, pp, ep = int(row["tp"]), int(row["pp"]), int(row["ep"] or 1)
     layouts = [Layout.derived(cfg.world_size, cfg.train.global_batch_size, tp=tp, pp=pp,
@@ -178,7 +166,7 @@ def moe_table(path: Path) -> tuple[Table, int]:
         table.add_column(column, no_wrap=True)
     wrong = 0
     for row in read_rows(path):
-        if not row["num_experts"] or row["model"] not in MOE_MODELS:
+        if not row["num_experts"]:
             continue
         found = assess_moe(row)
         wrong += found["verdict"].startswith("WRONGLY")
