@@ -120,6 +120,7 @@ def leave_one_source_out(
 
 def as_point(run: PublishedRun) -> Measured:
     """A published run the model can express, with its measured step time, as a point."""
+    assert run.cfg is not None and run.step_time_s is not None, "an expressible, measured run"
     return Measured(run.name, run.cfg, run.layouts, run.step_time_s, run.cfg.cluster.gpu.name,
                     float(run.row["tflops_per_gpu"] or 0.0), run.source)
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 from typing import Any
+from typing import TypeVar
 
 import typer
 from pydantic import BaseModel
@@ -43,12 +44,12 @@ from autotune.memory import GIB
 from autotune.report.data import figure_label
 from autotune.run import Problem
 from autotune.run import RunConfig
-from autotune.run import RunnerSettings
 from autotune.run import ScaleSettings
 from autotune.run import TuneSettings
 from autotune.run import check_layout
 from autotune.run import prepare_out
 from autotune.run import resume_command
+from autotune.runners.factory import RunnerSettings
 from autotune.space import enumerate_layouts
 from autotune.space import load_space
 from autotune.space import no_feasible_message
@@ -222,8 +223,11 @@ def _flag(loc: tuple[str | int, ...], root: str, scale_prefix: str) -> str:
     return "--" + param.removesuffix("_ref").replace("_", "-")
 
 
-def _parsed(cls: type[BaseModel], fields: dict[str, Any], root: str = "",
-            scale_prefix: str = "") -> Any:
+_Options = TypeVar("_Options", bound=BaseModel)
+
+
+def _parsed(cls: type[_Options], fields: dict[str, Any], root: str = "",
+            scale_prefix: str = "") -> _Options:
     """`cls(**fields)`, its validation errors told as the options the user typed."""
     try:
         return cls(**fields)

@@ -53,7 +53,8 @@ def tree_latency_s(ranks: np.ndarray, nodes: np.ndarray, k: Constants) -> np.nda
     """NCCL's tree all-reduce latency: up and down a chain inside the node and log2(nodes)."""
     local = ranks / nodes
     depth = (local - 1) * k.latency_intra_s + np.floor(np.log2(nodes)) * k.latency_inter_s
-    return k.latency_base_s + 2 * depth
+    latency: np.ndarray = k.latency_base_s + 2 * depth
+    return latency
 
 
 def collective_s(
@@ -112,4 +113,5 @@ def exposed_s(comm: np.ndarray, window: np.ndarray, k: Constants) -> np.ndarray:
     compute: what exceeds the window, plus the share of the overlapped part that slows the
     compute (1 − overlap_fraction)."""
     hidden = np.minimum(comm, np.maximum(window, 0.0))
-    return comm - hidden + (1 - k.overlap_fraction) * hidden
+    exposed: np.ndarray = comm - hidden + (1 - k.overlap_fraction) * hidden
+    return exposed

@@ -9,6 +9,7 @@ scaling type, a bias layout, a layer pattern) raises AutotuneError naming the ke
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from typing import Any
 
@@ -62,11 +63,13 @@ class _Config:
             raise self.error(key, f"expected a string, got {value!r}")
         return value
 
-    def refuse_if(self, condition: bool, key: str, problem: str) -> None:
+    def refuse_if(
+        self, condition: builtins.bool, key: builtins.str, problem: builtins.str
+    ) -> None:
         if condition:
             raise self.error(key, problem)
 
-    def only(self, key: str, supported: bool) -> None:
+    def only(self, key: builtins.str, supported: builtins.bool) -> None:
         """Refuse the other value of a flag whose default is the supported one."""
         self.refuse_if(self.bool(key, supported) != supported, key,
                        f"{str(not supported).lower()} is not supported")

@@ -9,8 +9,10 @@ import subprocess
 from functools import cache
 from pathlib import Path
 from typing import Any
+from typing import TypeVar
 
 import yaml
+from pydantic import BaseModel
 from pydantic import ValidationError
 
 from autotune.exceptions import AutotuneError
@@ -26,7 +28,9 @@ from autotune.specs import TrainSpec
 
 @cache
 def _presets(kind: str) -> dict[str, Any]:
-    return yaml.safe_load((resource_dir("presets") / f"{kind}.yaml").read_text())
+    text = (resource_dir("presets") / f"{kind}.yaml").read_text()
+    presets: dict[str, Any] = yaml.safe_load(text)
+    return presets
 
 
 def model_presets() -> list[str]:
@@ -66,7 +70,10 @@ def validation_message(error: ValidationError, source: str) -> str:
     return f"{source}: " + "; ".join(parts)
 
 
-def _build(cls: type, data: Any, source: str) -> Any:
+_Spec = TypeVar("_Spec", bound=BaseModel)
+
+
+def _build(cls: type[_Spec], data: Any, source: str) -> _Spec:
     if not isinstance(data, dict):
         raise AutotuneError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
     try:

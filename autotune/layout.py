@@ -9,6 +9,7 @@ from typing import Any
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from autotune.exceptions import AutotuneError
 from autotune.exceptions import shorten
@@ -280,6 +281,11 @@ def derive_dp_gas(world_size: int, global_batch_size: int, model_parallel: Any, 
     return dp, gas
 
 
+IntArray = npt.NDArray[np.int64]
+"""A column of integers, one per layout."""
+BoolArray = npt.NDArray[np.bool_]
+"""A column of flags, one per layout (True where a layout breaks a rule, for a rule's check)."""
+
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "zero", "mbs", "gas", "ep", "etp")
 
 
@@ -290,40 +296,40 @@ class LayoutTable:
     `offload` and `recompute` hold indices into OFFLOADS and RECOMPUTES; `sp` is boolean.
     """
 
-    tp: np.ndarray
-    pp: np.ndarray
-    dp: np.ndarray
-    cp: np.ndarray
-    vpp: np.ndarray
-    zero: np.ndarray
-    offload: np.ndarray
-    mbs: np.ndarray
-    gas: np.ndarray
-    recompute: np.ndarray
-    sp: np.ndarray
-    ep: np.ndarray
-    etp: np.ndarray
+    tp: IntArray
+    pp: IntArray
+    dp: IntArray
+    cp: IntArray
+    vpp: IntArray
+    zero: IntArray
+    offload: IntArray
+    mbs: IntArray
+    gas: IntArray
+    recompute: IntArray
+    sp: BoolArray
+    ep: IntArray
+    etp: IntArray
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
 
     @property
-    def model_parallel(self) -> np.ndarray:
+    def model_parallel(self) -> IntArray:
         """GPUs of one model replica: tp·pp·cp."""
         return self.tp * self.pp * self.cp
 
     @property
-    def shard_degree(self) -> np.ndarray:
+    def shard_degree(self) -> IntArray:
         """Ranks that ZeRO / the distributed optimizer shard states over: dp·cp."""
         return self.dp * self.cp
 
     @property
-    def micro_batches(self) -> np.ndarray:
+    def micro_batches(self) -> IntArray:
         """Micro-batches each replica runs per optimizer step (at least 1)."""
         return np.maximum(self.gas, 1)
 
     @property
-    def expert_grid(self) -> np.ndarray:
+    def expert_grid(self) -> IntArray:
         """GPUs of one expert replica: etp·ep·pp (the world must be a multiple)."""
         return self.etp * self.ep * self.pp
 

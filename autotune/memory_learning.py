@@ -23,6 +23,7 @@ The implied runtime reserve (device memory − limit + c) is reported as the fit
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,7 @@ class MemoryParts:
     family: np.ndarray
 
     @classmethod
-    def from_values(cls, values: dict, recompute: np.ndarray) -> MemoryParts:
+    def from_values(cls, values: dict[str, Any], recompute: np.ndarray) -> MemoryParts:
         """From `autotune.estimate.evaluate`'s output for a table with `recompute` codes."""
         memory = values["memory"]
         fixed = memory["weights"] + memory["gradients"] + memory["optimizer"] + memory["buffers"]

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares
 
-from autotune.calibration import FIT_BOUNDS
 from autotune.calibration import TRIAL_REFIT
+from autotune.constants import FIT_BOUNDS
 from autotune.constants import Constants
 from autotune.estimate import evaluate
 from autotune.layout import Layout
@@ -72,7 +73,7 @@ class Proposal:
     """Memory need under the corrected model (on the measured scale)."""
     memory: MemoryFit
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON form (a trial attribute)."""
         return {
             "reason": self.reason,

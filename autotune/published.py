@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -290,8 +291,10 @@ def _options(row: dict[str, str], cfg: AutotuneConfig) -> tuple[dict[str, list[A
         sp = [False]
     else:
         sp = [row["sequence_parallel"] == "yes"] if row["sequence_parallel"] else [True, False]
-    options = {"tp": [tp], "pp": [pp], "cp": [int(row["cp"] or 1)], "vpp": vpp, "zero": zeros,
-               "mbs": mbs, "recompute": recompute, "sp": sp, "ep": [int(row["ep"] or 1)]}
+    options: dict[str, list[Any]] = {
+        "tp": [tp], "pp": [pp], "cp": [int(row["cp"] or 1)], "vpp": vpp, "zero": zeros,
+        "mbs": mbs, "recompute": recompute, "sp": sp, "ep": [int(row["ep"] or 1)],
+    }
     return options, notes
 
 
@@ -336,8 +339,8 @@ def published_run(row: dict[str, str]) -> PublishedRun:
     try:
         cfg = problem(row)
     except (ValidationError, ValueError) as error:
-        first = str(error).splitlines()[0]
-        return PublishedRun(row, None, (), None, "", f"model not expressible: {first}")
+        message = str(error).splitlines()[0]
+        return PublishedRun(row, None, (), None, "", f"model not expressible: {message}")
     measured = measured_step_s(row, cfg.model) if row["kind"] == "measured" else None
     step, basis = measured if measured else (None, "")
     layouts, notes = candidates(row, cfg)
@@ -374,7 +377,7 @@ def open_dimensions(layouts: tuple[Layout, ...]) -> set[str]:
     return {d for d in dims if len({getattr(lay, d) for lay in layouts}) > 1}
 
 
-def label(layout: Layout, open_dims: set[str] = frozenset()) -> str:
+def label(layout: Layout, open_dims: AbstractSet[str] = frozenset()) -> str:
     """A compact layout label, '*' after each dimension the model chose (`open_dims`)."""
 
     def mark(dim: str, text: str) -> str:

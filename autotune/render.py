@@ -119,7 +119,9 @@ def _options_render(
         "job-name": job_name or f"autotune-{layout.id}", "partition": partition,
         "account": account, "time": time_limit,
     }
-    named = {key: value for key, value in options.items() if value is not None}
+    named: dict[str, str | None] = {
+        key: value for key, value in options.items() if value is not None
+    }
     for item in extra:
         key, sep, value = item.partition("=")
         if not key.startswith("--"):

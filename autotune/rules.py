@@ -19,6 +19,7 @@ from autotune.frameworks.base import Rule
 from autotune.frameworks.base import RuleGroup
 from autotune.frameworks.base import rule
 from autotune.frameworks.common import COMMON_RULES
+from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.memory import GIB
@@ -38,7 +39,7 @@ MEMORY_RULES: list[Rule] = []
     "{c.gpu.memory_gb:g} GB GPU (after the fragmentation margin)",
     RuleGroup.MEMORY,
 )
-def _memory(cfg, t, k):
+def _memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return estimate_memory(cfg, t, k)["total"] > usable_gpu_bytes(cfg, k)
 
 
@@ -48,7 +49,7 @@ def _memory(cfg, t, k):
     "offloaded states need {need_gib:.1f} GiB of host memory per node; {have_gib:.1f} GiB usable",
     RuleGroup.MEMORY,
 )
-def _host(cfg, t, k):
+def _host(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return estimate_memory(cfg, t, k)["host"] > usable_host_bytes(cfg, k)
 
 
@@ -77,7 +78,7 @@ def violations(
     k = k or constants_for(cfg.cluster.gpu)
     table = LayoutTable.from_layouts([layout])
     estimated = None
-    found = []
+    found: list[tuple[str, str]] = []
     for r in rules_for(cfg.train.framework):
         if r.group == RuleGroup.MEMORY and (found or not memory):
             break

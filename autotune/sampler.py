@@ -41,7 +41,7 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 """States of trials that ended; one that ran (user attribute `ran`) holds its layout."""
 
 
-def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
+def distributions(space: SearchSpace) -> dict[str, CategoricalDistribution]:
     """The Optuna distribution of every dimension that has a choice (of a space whose `auto`
     dimensions are resolved for the problem: `SearchSpace.resolved`)."""
     unresolved = [dim for dim in SEARCH_DIMS if getattr(space, dim) == AUTO]
@@ -159,7 +159,7 @@ class ModelGuidedSampler(BaseSampler):
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial
     ) -> dict[str, BaseDistribution]:
-        return distributions(self._space)
+        return dict(distributions(self._space))
 
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
@@ -218,20 +218,21 @@ class NoiseAwarePruner(BasePruner):
         step = trial.last_step
         if step is None or step < self.warmup_steps:
             return False
-        best = max(
-            (t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        found = max(
+            ((t.value, t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
              if t.value and t.user_attrs.get("status") == "ok"),
-            key=lambda t: t.value,
+            key=lambda pair: pair[0],
             default=None,
         )
-        if best is None:
+        if found is None:
             return False
+        best_value, best = found
         values = [v for _, v in sorted(trial.intermediate_values.items())]
         values = values[1:] if len(values) > 1 else values
         current = statistics.median(values)
         best_spread = float(best.user_attrs.get("measured_step_time_spread") or 0.0)
         margin = self.margin(_spread(values), best_spread)
-        if current >= best.value * (1 - margin):
+        if current >= best_value * (1 - margin):
             return False
         study._storage.set_trial_user_attr(trial._trial_id, "pruned_tokens_per_s", current)
         study._storage.set_trial_user_attr(trial._trial_id, "pruned_margin", margin)

@@ -394,7 +394,8 @@ def read_scaling(out_dir: str | Path) -> dict[str, Any] | None:
     path = Path(out_dir) / SCALING_JSON
     if not path.is_file():
         return None
-    return json.loads(path.read_text())
+    scaling: dict[str, Any] = json.loads(path.read_text())
+    return scaling
 
 
 def text_table(result: ScalingResult | dict[str, Any]) -> str:

@@ -217,7 +217,9 @@ class Objective:
             raise optuna.TrialPruned(m.reason)
         ok = m.ok
         trial.set_constraint("runs", 0.0 if ok else 1.0)
-        return float(m.tokens_per_s) if ok else 0.0
+        if not ok or m.tokens_per_s is None:  # `ok` means a throughput was measured
+            return 0.0
+        return float(m.tokens_per_s)
 
 
 def _round(data: Any) -> Any:
@@ -232,7 +234,11 @@ def _round(data: Any) -> Any:
 
 
 def _open_study(
-    cfg: AutotuneConfig, space: SearchSpace, options: TuneOptions, sampler, pruner
+    cfg: AutotuneConfig,
+    space: SearchSpace,
+    options: TuneOptions,
+    sampler: optuna.samplers.BaseSampler,
+    pruner: optuna.pruners.BasePruner,
 ) -> tuple[optuna.Study, str, str, bool]:
     url = options.storage or default_storage_url(options.out_dir)
     name = options.study_name or default_study_name(cfg)

@@ -16,6 +16,7 @@ import dataclasses
 from pathlib import Path
 from typing import Annotated
 from typing import Any
+from typing import Final
 from typing import Literal
 
 import numpy as np
@@ -50,7 +51,7 @@ from autotune.specs import at_most
 Degree = Annotated[Integer, Field(ge=1), at_most(2**20, "a million GPUs, beyond any cluster")]
 """A parallel degree of a search space."""
 
-AUTO = "auto"
+AUTO: Final = "auto"
 """A dimension whose candidates follow from the model and cluster (ep and etp)."""
 DERIVED = "derived"
 """The value a space file writes for a dimension derived from the model and the cluster."""

@@ -40,12 +40,14 @@ def features(t: LayoutTable) -> np.ndarray:
         t.recompute,
         t.sp.astype(float),
     ]
-    return np.column_stack(columns).astype(float) / LENGTH_SCALES
+    scaled: np.ndarray = np.column_stack(columns).astype(float) / LENGTH_SCALES
+    return scaled
 
 
 def _kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     squared = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.T
-    return np.exp(-0.5 * np.maximum(squared, 0.0))
+    kernel: np.ndarray = np.exp(-0.5 * np.maximum(squared, 0.0))
+    return kernel
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,11 +21,13 @@ from typing import Literal
 import numpy as np
 
 from autotune.constants import Constants
+from autotune.layout import BoolArray
+from autotune.layout import IntArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
 
-Check = Callable[[AutotuneConfig, LayoutTable, Constants], np.ndarray]
+Check = Callable[[AutotuneConfig, LayoutTable, Constants], BoolArray]
 """A rule's check: True where a layout of the table breaks the rule (constants for memory)."""
 
 
@@ -78,14 +80,14 @@ def rule(into: list[Rule], name: str, reason: str, group: RuleGroup) -> Callable
 class StageSplit:
     """Layers on the first, a middle and the last pipeline stage (per candidate), and legality."""
 
-    first: np.ndarray
-    middle: np.ndarray
-    last: np.ndarray
-    uneven: np.ndarray
-    legal: np.ndarray
+    first: IntArray
+    middle: IntArray
+    last: IntArray
+    uneven: BoolArray
+    legal: BoolArray
 
     @property
-    def most(self) -> np.ndarray:
+    def most(self) -> IntArray:
         """Layers on the most loaded stage."""
         return np.maximum(np.maximum(self.first, self.middle), self.last)
 
@@ -202,7 +204,8 @@ class Framework(abc.ABC):
         self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray
     ) -> np.ndarray:
         """Parameters per gradient-reduction bucket (one bucket of everything by default)."""
-        return np.maximum(params, 1)
+        per_bucket: np.ndarray = np.maximum(params, 1)
+        return per_bucket
 
     def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int:
         """Bytes per gradient element in the data-parallel reduction."""

@@ -17,9 +17,13 @@ from __future__ import annotations
 import numpy as np
 
 import autotune.frameworks as frameworks
+from autotune.constants import Constants
 from autotune.frameworks.base import Rule
 from autotune.frameworks.base import RuleGroup
 from autotune.frameworks.base import rule
+from autotune.layout import BoolArray
+from autotune.layout import LayoutTable
+from autotune.specs import AutotuneConfig
 
 COMMON_RULES: list[Rule] = []
 """The shared rules, in the order they are applied within their groups."""
@@ -31,8 +35,9 @@ COMMON_RULES: list[Rule] = []
     "world = tp·pp·cp·dp: tp·pp·cp = {l.tp}·{l.pp}·{l.cp} must divide the {world} GPUs",
     RuleGroup.GRID,
 )
-def _world(cfg, t, k):
-    return (cfg.world_size % t.model_parallel != 0) | (t.dp < 1)
+def _world(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = (cfg.world_size % t.model_parallel != 0) | (t.dp < 1)
+    return broken
 
 
 @rule(
@@ -41,8 +46,9 @@ def _world(cfg, t, k):
     "tensor parallelism needs NVLink: tp={l.tp} must divide the {gpn} GPUs of one node",
     RuleGroup.GRID,
 )
-def _tp_node(cfg, t, k):
-    return cfg.cluster.gpus_per_node % t.tp != 0
+def _tp_node(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = cfg.cluster.gpus_per_node % t.tp != 0
+    return broken
 
 
 @rule(
@@ -51,8 +57,9 @@ def _tp_node(cfg, t, k):
     "global batch {t.global_batch_size} must be divisible by mbs·dp = {l.mbs}·{l.dp}",
     RuleGroup.GRID,
 )
-def _gbs(cfg, t, k):
-    return cfg.train.global_batch_size % (t.mbs * t.dp) != 0
+def _gbs(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = cfg.train.global_batch_size % (t.mbs * t.dp) != 0
+    return broken
 
 
 @rule(
@@ -61,8 +68,9 @@ def _gbs(cfg, t, k):
     "num_attention_heads ({m.num_attention_heads}) must be divisible by tp ({l.tp})",
     RuleGroup.TENSOR,
 )
-def _heads(cfg, t, k):
-    return cfg.model.num_attention_heads % t.tp != 0
+def _heads(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = cfg.model.num_attention_heads % t.tp != 0
+    return broken
 
 
 @rule(
@@ -72,11 +80,12 @@ def _heads(cfg, t, k):
     "(Megatron also accepts tp divisible by the groups)",
     RuleGroup.TENSOR,
 )
-def _groups(cfg, t, k):
+def _groups(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     g = cfg.model.query_groups
+    broken: BoolArray = g % t.tp != 0
     if frameworks.framework_of(cfg).tp_may_exceed_query_groups:
-        return (g % t.tp != 0) & (t.tp % g != 0)
-    return g % t.tp != 0
+        broken = broken & (t.tp % g != 0)
+    return broken
 
 
 @rule(
@@ -85,8 +94,9 @@ def _groups(cfg, t, k):
     "ffn_hidden_size ({m.ffn}) must be divisible by tp ({l.tp})",
     RuleGroup.TENSOR,
 )
-def _ffn(cfg, t, k):
-    return cfg.model.ffn % t.tp != 0
+def _ffn(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = cfg.model.ffn % t.tp != 0
+    return broken
 
 
 @rule(
@@ -95,8 +105,9 @@ def _ffn(cfg, t, k):
     "hidden_size ({m.hidden_size}) must be divisible by tp ({l.tp})",
     RuleGroup.TENSOR,
 )
-def _hidden(cfg, t, k):
-    return cfg.model.hidden_size % t.tp != 0
+def _hidden(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = cfg.model.hidden_size % t.tp != 0
+    return broken
 
 
 @rule(
@@ -106,7 +117,7 @@ def _hidden(cfg, t, k):
     "Megatron allows with the embedding/loss counted as layers or smaller first/last stages",
     RuleGroup.PIPELINE,
 )
-def _layers(cfg, t, k):
+def _layers(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return ~frameworks.framework_of(cfg).split_layers(cfg, t.pp, t.vpp).legal
 
 
@@ -116,8 +127,9 @@ def _layers(cfg, t, k):
     "CPU offload moves ZeRO-partitioned states: offload needs zero >= 1",
     RuleGroup.ZERO,
 )
-def _offload_zero(cfg, t, k):
-    return (t.offload >= 1) & (t.zero == 0)
+def _offload_zero(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = (t.offload >= 1) & (t.zero == 0)
+    return broken
 
 
 @rule(
@@ -126,7 +138,7 @@ def _offload_zero(cfg, t, k):
     "{m.name} is dense: with no experts to split, ep ({l.ep}) and etp ({l.etp}) must be 1",
     RuleGroup.EXPERT,
 )
-def _dense_experts(cfg, t, k):
+def _dense_experts(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     if cfg.model.moe:
         return np.zeros(len(t), dtype=bool)
     return (t.ep > 1) | (t.etp > 1)
@@ -139,8 +151,9 @@ def _dense_experts(cfg, t, k):
     "holds the same number of experts",
     RuleGroup.EXPERT,
 )
-def _experts_ep(cfg, t, k):
-    return cfg.model.moe & ((cfg.model.num_experts or 1) % t.ep != 0)
+def _experts_ep(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = cfg.model.moe & ((cfg.model.num_experts or 1) % t.ep != 0)
+    return broken
 
 
 @rule(
@@ -150,8 +163,9 @@ def _experts_ep(cfg, t, k):
     "divide the {world} GPUs",
     RuleGroup.EXPERT,
 )
-def _expert_grid(cfg, t, k):
-    return cfg.world_size % t.expert_grid != 0
+def _expert_grid(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = cfg.world_size % t.expert_grid != 0
+    return broken
 
 
 @rule(
@@ -160,8 +174,9 @@ def _expert_grid(cfg, t, k):
     "expert tensor parallelism needs NVLink: etp={l.etp} must divide the {gpn} GPUs of one node",
     RuleGroup.EXPERT,
 )
-def _etp_node(cfg, t, k):
-    return cfg.cluster.gpus_per_node % t.etp != 0
+def _etp_node(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = cfg.cluster.gpus_per_node % t.etp != 0
+    return broken
 
 
 @rule(
@@ -170,5 +185,6 @@ def _etp_node(cfg, t, k):
     "expert width moe_ffn_hidden_size ({m.moe_ffn}) must be divisible by etp ({l.etp})",
     RuleGroup.EXPERT,
 )
-def _moe_ffn(cfg, t, k):
-    return cfg.model.moe_ffn % t.etp != 0
+def _moe_ffn(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = cfg.model.moe_ffn % t.etp != 0
+    return broken

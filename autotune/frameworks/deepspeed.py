@@ -23,6 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from autotune.constants import Constants
 from autotune.frameworks.base import ADAMW
 from autotune.frameworks.base import Framework
 from autotune.frameworks.base import RenderOptions
@@ -30,6 +31,7 @@ from autotune.frameworks.base import Rule
 from autotune.frameworks.base import RuleGroup
 from autotune.frameworks.base import StageSplit
 from autotune.frameworks.base import rule
+from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.sharding import params_on_rank
@@ -48,14 +50,14 @@ DEEPSPEED_RULES: list[Rule] = []
 @rule(DEEPSPEED_RULES, "deepspeed_no_megatron_sp",
       "DeepSpeed has no Megatron-style sequence parallelism (use cp for Ulysses)",
       RuleGroup.TENSOR)
-def _ds_sp(cfg, t, k):
+def _ds_sp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return t.sp
 
 
 @rule(DEEPSPEED_RULES, "deepspeed_no_virtual_pipeline",
       "DeepSpeed's pipeline engine has no interleaved schedule: vpp must be 1",
       RuleGroup.PIPELINE)
-def _ds_vpp(cfg, t, k):
+def _ds_vpp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return t.vpp > 1
 
 
@@ -63,24 +65,28 @@ def _ds_vpp(cfg, t, k):
       "Ulysses splits each sequence over cp ranks: seq ({t.seq_length}) must be divisible by "
       "cp ({l.cp})",
       RuleGroup.CONTEXT)
-def _seq_ulysses(cfg, t, k):
-    return cfg.train.seq_length % t.cp != 0
+def _seq_ulysses(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = cfg.train.seq_length % t.cp != 0
+    return broken
 
 
 @rule(DEEPSPEED_RULES, "ulysses_heads_divisible_by_cp",
       "Ulysses re-partitions heads over cp: query ({m.num_attention_heads}) and key/value "
       "({m.query_groups}) heads per tp rank must be divisible by cp ({l.cp})",
       RuleGroup.CONTEXT)
-def _ulysses_heads(cfg, t, k):
+def _ulysses_heads(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     m = cfg.model
-    return ((m.num_attention_heads // t.tp) % t.cp != 0) | ((m.query_groups // t.tp) % t.cp != 0)
+    broken: BoolArray = ((m.num_attention_heads // t.tp) % t.cp != 0) | (
+        (m.query_groups // t.tp) % t.cp != 0
+    )
+    return broken
 
 
 @rule(DEEPSPEED_RULES, "deepspeed_pipeline_alone",
       "DeepSpeed's pipeline engine takes no mpu, so AutoTP (tp) and Ulysses (cp) groups cannot "
       "join it: pp={l.pp} needs tp=1 and cp=1",
       RuleGroup.CONTEXT)
-def _ds_pp_alone(cfg, t, k):
+def _ds_pp_alone(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return (t.pp > 1) & ((t.tp > 1) | (t.cp > 1))
 
 
@@ -88,7 +94,7 @@ def _ds_pp_alone(cfg, t, k):
       "DeepSpeed AutoTP and Ulysses each build their own groups over the same ranks and cannot be "
       "combined (tp={l.tp}, cp={l.cp})",
       RuleGroup.CONTEXT)
-def _ds_tp_cp(cfg, t, k):
+def _ds_tp_cp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return (t.tp > 1) & (t.cp > 1)
 
 
@@ -96,7 +102,7 @@ def _ds_tp_cp(cfg, t, k):
       "DeepSpeed: ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism (zero={l.zero}, "
       "pp={l.pp})",
       RuleGroup.ZERO)
-def _ds_zero_pp(cfg, t, k):
+def _ds_zero_pp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return (t.zero >= 2) & (t.pp > 1)
 
 
@@ -106,7 +112,7 @@ def _ds_zero_pp(cfg, t, k):
       "duplicates (moe/sharded_moe.py:686), mixing up the cp ranks' different tokens: a MoE "
       "model needs cp=1 (cp={l.cp})",
       RuleGroup.EXPERT)
-def _ds_moe_cp(cfg, t, k):
+def _ds_moe_cp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return cfg.model.moe & (t.cp > 1)
 
 
@@ -114,7 +120,7 @@ def _ds_moe_cp(cfg, t, k):
       "DeepSpeed's MoE layer keeps each expert whole on its rank (tensor-sliced experts need "
       "Megatron-DeepSpeed's own parallel layers): etp must be 1, not {l.etp}",
       RuleGroup.EXPERT)
-def _ds_etp(cfg, t, k):
+def _ds_etp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return t.etp > 1
 
 
@@ -122,15 +128,17 @@ def _ds_etp(cfg, t, k):
       "DeepSpeed: 'Native DeepSpeed MoE is not supported with ZeRO Stage 3' "
       "(runtime/engine.py:2215): a MoE model needs zero <= 2",
       RuleGroup.ZERO)
-def _ds_moe_zero3(cfg, t, k):
-    return cfg.model.moe & (t.zero == 3)
+def _ds_moe_zero3(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = cfg.model.moe & (t.zero == 3)
+    return broken
 
 
 @rule(DEEPSPEED_RULES, "param_offload_needs_zero3",
       "parameter offload (offload_param) needs ZeRO-3",
       RuleGroup.ZERO)
-def _param_offload(cfg, t, k):
-    return (t.offload == 2) & (t.zero < 3)
+def _param_offload(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = (t.offload == 2) & (t.zero < 3)
+    return broken
 
 
 def bucket_elements(params_per_rank: np.ndarray | int) -> np.ndarray:
@@ -327,7 +335,8 @@ def config(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
         # on CPU processes use torch's AdamW: DeepSpeed's fused CPU Adam is a 90 s JIT build
         "torch_adam": cfg.cluster.cpu_processes,
     }
-    return json.loads(render_template("deepspeed/ds_config.json.j2", **context))
+    config: dict[str, Any] = json.loads(render_template("deepspeed/ds_config.json.j2", **context))
+    return config
 
 
 def hostfile(cfg: AutotuneConfig) -> str:

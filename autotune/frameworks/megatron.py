@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from autotune.constants import Constants
 from autotune.frameworks.base import Framework
 from autotune.frameworks.base import RenderOptions
 from autotune.frameworks.base import Rule
@@ -28,6 +29,7 @@ from autotune.frameworks.megatron_args import pipeline_plan
 from autotune.frameworks.megatron_args import pipeline_split
 from autotune.frameworks.megatron_args import token_dispatcher
 from autotune.frameworks.megatron_log import MegatronLog
+from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
@@ -42,45 +44,50 @@ MEGATRON_RULES: list[Rule] = []
 @rule(MEGATRON_RULES, "sp_needs_tp",
       "sequence parallelism splits along tp: it needs tp > 1 (Megatron turns it off)",
       RuleGroup.TENSOR)
-def _sp_tp(cfg, t, k):
-    return t.sp & (t.tp == 1)
+def _sp_tp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = t.sp & (t.tp == 1)
+    return broken
 
 
 @rule(MEGATRON_RULES, "seq_divisible_by_tp_with_sp",
       "with sequence parallelism seq/cp ({t.seq_length}/{l.cp}) must be divisible by tp ({l.tp})",
       RuleGroup.TENSOR)
-def _seq_sp(cfg, t, k):
-    return t.sp & ((cfg.train.seq_length // t.cp) % t.tp != 0)
+def _seq_sp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = t.sp & ((cfg.train.seq_length // t.cp) % t.tp != 0)
+    return broken
 
 
 @rule(MEGATRON_RULES, "vpp_needs_pp",
       "virtual pipeline stages interleave a pipeline: vpp={l.vpp} needs pp > 1",
       RuleGroup.PIPELINE)
-def _vpp_pp(cfg, t, k):
-    return (t.vpp > 1) & (t.pp == 1)
+def _vpp_pp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = (t.vpp > 1) & (t.pp == 1)
+    return broken
 
 
 @rule(MEGATRON_RULES, "interleave_microbatches_divisible_by_pp",
       "Megatron's interleaved schedule runs micro-batches in groups of pp: micro-batches "
       "gbs/(mbs·dp) = {t.global_batch_size}/({l.mbs}·{l.dp}) must be a multiple of pp ({l.pp})",
       RuleGroup.PIPELINE)
-def _interleave_m(cfg, t, k):
-    return (t.vpp > 1) & (t.gas % t.pp != 0)
+def _interleave_m(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = (t.vpp > 1) & (t.gas % t.pp != 0)
+    return broken
 
 
 @rule(MEGATRON_RULES, "seq_divisible_by_2cp",
       "context parallelism splits each sequence into 2·cp chunks: seq ({t.seq_length}) must be "
       "divisible by 2·cp = {l.cp}·2",
       RuleGroup.CONTEXT)
-def _seq_cp(cfg, t, k):
-    return (t.cp > 1) & (cfg.train.seq_length % (2 * t.cp) != 0)
+def _seq_cp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = (t.cp > 1) & (cfg.train.seq_length % (2 * t.cp) != 0)
+    return broken
 
 
 @rule(MEGATRON_RULES, "moe_tp_needs_sp",
       "MoE layers refuse to train with tensor parallelism (tp={l.tp}) but without sequence "
       "parallelism (megatron/core/transformer/moe/moe_layer.py:636): sp must be on",
       RuleGroup.EXPERT)
-def _moe_sp(cfg, t, k):
+def _moe_sp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return cfg.model.moe & (t.tp > 1) & ~t.sp
 
 
@@ -88,7 +95,7 @@ def _moe_sp(cfg, t, k):
       "megatron-core supports biases in MoE layers only with etp=1 "
       "(transformer_config.py:2612), not etp={l.etp}",
       RuleGroup.EXPERT)
-def _moe_bias(cfg, t, k):
+def _moe_bias(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     m = cfg.model
     return (m.moe and m.add_bias_linear) & (t.etp > 1)
 
@@ -96,23 +103,25 @@ def _moe_bias(cfg, t, k):
 @rule(MEGATRON_RULES, "megatron_no_param_offload",
       "Megatron-LM offloads optimizer states only (--optimizer-cpu-offload), not parameters",
       RuleGroup.ZERO)
-def _mlm_param_offload(cfg, t, k):
-    return t.offload == 2
+def _mlm_param_offload(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = t.offload == 2
+    return broken
 
 
 @rule(MEGATRON_RULES, "offload_needs_distributed_optimizer",
       "Megatron --optimizer-cpu-offload needs --use-precision-aware-optimizer, which needs the "
       "distributed optimizer (zero=1)",
       RuleGroup.ZERO)
-def _mlm_offload(cfg, t, k):
-    return (t.offload >= 1) & (t.zero != 1)
+def _mlm_offload(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = (t.offload >= 1) & (t.zero != 1)
+    return broken
 
 
 @rule(MEGATRON_RULES, "megatron_fsdp_without_pp",
       "Megatron-FSDP (zero=2/3: --use-megatron-fsdp) is not tested upstream with pipeline "
       "parallelism (no test or example); autotune keeps it to pp=1",
       RuleGroup.ZERO)
-def _fsdp_pp(cfg, t, k):
+def _fsdp_pp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return (t.zero >= 2) & (t.pp > 1)
 
 

@@ -327,7 +327,10 @@ def transformer_config_class(model: ModelSpec) -> type:
     from megatron.core.transformer.transformer_config import MLATransformerConfig
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    return MLATransformerConfig if model.multi_latent_attention else TransformerConfig
+    config_class: type = (
+        MLATransformerConfig if model.multi_latent_attention else TransformerConfig
+    )
+    return config_class
 
 
 def gpt_model_kwargs(model: ModelSpec, seq_length: int) -> dict[str, Any]:

@@ -289,7 +289,8 @@ def error_pct(record: dict[str, Any]) -> float | None:
     predicted = (record.get("predicted") or {}).get("tokens_per_s")
     if not measured or predicted is None:
         return None
-    return (predicted - measured) / measured * 100
+    error: float = (predicted - measured) / measured * 100
+    return error
 
 
 def trial_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -447,7 +448,8 @@ def summary(run: RunData, plots: dict[str, str] | None = None, top_k: int = 5) -
             "plots": dict(plots or {}),
         },
     }
-    return rounded(doc)
+    summary: dict[str, Any] = rounded(doc)
+    return summary
 
 
 def rounded(data: Any, digits: int = 6) -> Any:

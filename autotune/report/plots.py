@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import io
 import re
+from collections.abc import Callable
 from collections.abc import Sequence
 from typing import Any
+from typing import ParamSpec
 
 import matplotlib
 
@@ -79,8 +81,11 @@ def _status_color(status: str) -> str:
     return STATUS_COLORS.get(status, "#c44e52")
 
 
-def _styled(func: Any) -> Any:
-    def wrapper(*args: Any, **kwargs: Any) -> str:
+_Args = ParamSpec("_Args")
+
+
+def _styled(func: Callable[_Args, str]) -> Callable[_Args, str]:
+    def wrapper(*args: _Args.args, **kwargs: _Args.kwargs) -> str:
         with plt.rc_context(STYLE):
             return func(*args, **kwargs)
 

@@ -63,7 +63,11 @@ def measurement_from_metrics(plan: TrialPlan, metrics: dict[str, Any]) -> Measur
     if raw.status != "ok":
         return raw
     tokens = plan.cfg.train.tokens_per_step
-    step = raw.step_time_s if raw.step_time_s is not None else tokens / raw.tokens_per_s
+    if raw.step_time_s is not None:
+        step = raw.step_time_s
+    else:
+        assert raw.tokens_per_s is not None  # `validated`: an ok trial measured one of the two
+        step = tokens / raw.tokens_per_s
     peak = metrics.get("peak_memory_bytes")
     if peak is None and metrics.get("peak_memory_gb") is not None:
         peak = metrics["peak_memory_gb"] * 1e9

@@ -143,7 +143,7 @@ def _guard_main(argv: Sequence[str]) -> int:
     return code
 
 
-def _kill_group(process: subprocess.Popen, family: Family, grace_s: float = 5.0) -> None:
+def _kill_group(process: subprocess.Popen[str], family: Family, grace_s: float = 5.0) -> None:
     """SIGTERM the guard's group, SIGKILL it after the grace period, then every descendant."""
     family.snapshot()
     try:

@@ -47,12 +47,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from autotune.constants import Constants
 from autotune.exceptions import AutotuneError
 from autotune.frameworks.base import Rule
 from autotune.frameworks.base import RuleGroup
 from autotune.frameworks.base import rule
 from autotune.inputs import load_model
+from autotune.layout import BoolArray
 from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
 from autotune.workloads.common import SEED
 from autotune.workloads.common import Reporter
@@ -190,7 +194,7 @@ LIMITS: list[Rule] = []
 @rule(LIMITS, "deepspeed_gpt_no_fp16_on_cpu",
       "DeepSpeed's CPU accelerator has no fp16 ('Type fp16 is not supported on your device')",
       RuleGroup.WORKLOAD)
-def _fp16_on_cpu(cfg, t, k):
+def _fp16_on_cpu(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return np.full(len(t), cfg.train.precision == "fp16" and not torch.cuda.is_available())
 
 
@@ -199,7 +203,7 @@ def _fp16_on_cpu(cfg, t, k):
       "(deepspeed/moe/mappings.py:40), which gloo's all_gather_into_tensor refuses: a MoE model "
       "with tp={l.tp} trains on GPUs (NCCL) only",
       RuleGroup.WORKLOAD)
-def _moe_tp_on_cpu(cfg, t, k):
+def _moe_tp_on_cpu(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return cfg.model.moe & (t.tp > 1) & (not torch.cuda.is_available())
 
 
@@ -346,7 +350,8 @@ class MoEMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, aux, _counts = self.moe(x)
         if torch.is_grad_enabled() and self.aux_scale:
-            out = _AuxLossGradient.apply(out, aux, self.aux_scale)
+            # torch.autograd.Function.apply carries no annotations
+            out = _AuxLossGradient.apply(out, aux, self.aux_scale)  # type: ignore[no-untyped-call]
         if self.shared is None:
             return out
         shared = self.shared(x)
@@ -588,7 +593,7 @@ class Trial:
 
 def _engine_config(ds: dict[str, Any]) -> dict[str, Any]:
     """ds_config as given, plus the AutoTP preset and an optimizer when the file has none."""
-    config = json.loads(json.dumps(ds))
+    config: dict[str, Any] = json.loads(json.dumps(ds))
     config.setdefault("optimizer", {"type": "AdamW", "params": {"lr": 1e-4}})
     tensor_parallel = config.get("tensor_parallel") or {}
     if int(tensor_parallel.get("autotp_size", 0) or 0) > 1 and not (

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from autotune.constants import Constants
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
 from autotune.frameworks.base import Rule
@@ -64,7 +65,9 @@ from autotune.frameworks.megatron_args import transformer_config_kwargs
 from autotune.frameworks.megatron_model import gpt_model_kwargs
 from autotune.frameworks.megatron_model import transformer_config_class
 from autotune.inputs import load_model
+from autotune.layout import BoolArray
 from autotune.layout import Layout
+from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
 from autotune.workloads.common import SEED
 from autotune.workloads.common import Reporter
@@ -225,14 +228,14 @@ LIMITS: list[Rule] = []
       "context parallelism (cp={l.cp}) needs Transformer Engine's attention "
       "(TEDotProductAttention); the local layer spec has none",
       RuleGroup.WORKLOAD)
-def _cp_needs_te(cfg, t, k):
+def _cp_needs_te(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return t.cp > 1
 
 
 @rule(LIMITS, "megatron_gpt_fp8_needs_transformer_engine",
       "fp8 needs Transformer Engine; the local layer spec has none",
       RuleGroup.WORKLOAD)
-def _fp8_needs_te(cfg, t, k):
+def _fp8_needs_te(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     return np.full(len(t), cfg.train.precision == "fp8")
 
 

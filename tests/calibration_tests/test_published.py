@@ -14,11 +14,13 @@ from autotune.constants import FIT_BOUNDS
 from autotune.constants import Constants
 from autotune.published import CONVENTIONS
 from autotune.published import PUBLISHED_RUNS
+from autotune.published import candidates
 from autotune.published import measured_step_s
 from autotune.published import megatron_causal_flops
 from autotune.published import megatron_noncausal_flops
 from autotune.published import model_spec
 from autotune.published import palm_flops
+from autotune.published import problem
 from autotune.published import published_flops
 from autotune.published import published_run
 from autotune.published import read_rows
@@ -152,17 +154,34 @@ def test_data_files_point_only_upstream() -> None:
 @pytest.mark.parametrize(
     ("row_id", "reason"),
     [
-        ("mbridge_2509_h100_deepseekv3_1024", "MoE"),
+        ("mbridge_2509_h100_deepseekv3_1024", "breaks rule layers_divisible_by_pp_vpp"),
         ("mbridge_2511_b200_llama38b_8", "no cluster preset for GPU B200"),
         ("tt_a100_l3_8b_sel_layer", "recompute policy"),
         ("tt_a100_l2_70b_sel_op", "recompute policy 'selective-op'"),
     ],
 )
 def test_rows_the_model_cannot_express_are_skipped_with_the_reason(row_id, reason) -> None:
-    """Oracle: the row's own cells (experts, GPU type, torchtitan's every-2nd-layer and per-op
-    checkpointing) against what autotune can express."""
+    """Oracle: the row's own cells (GPU type, torchtitan's every-2nd-layer and per-op
+    checkpointing, DeepSeek-V3's 61 layers on pp8·vpp4, which the run placed with
+    --pipeline-model-parallel-layout) against what autotune can express."""
     run = published_run(ROWS[row_id])
     assert run.skip and reason in run.skip
+
+
+@pytest.mark.parametrize(("row_id", "total_b", "active_b"), [
+    ("mbridge_2511_h100_qwen330ba3b_16", 30.5, 3.3),
+    ("mbridge_2509_h100_deepseekv3_1024", 671, 37),
+])
+def test_moe_rows_are_read_with_their_experts(row_id: str, total_b: float,
+                                              active_b: float) -> None:
+    """Oracle: the published sizes (Qwen3 model card: 30.5B total, 3.3B activated; DeepSeek-V3
+    report: 671B total, 37B activated per token), and the row's published ep in its layouts."""
+    row = ROWS[row_id]
+    model = model_spec(row)
+    assert model.num_params() / 1e9 == pytest.approx(total_b, rel=0.005)
+    assert model.active_params() / 1e9 == pytest.approx(active_b, rel=0.03)
+    layouts, _ = candidates(row, problem(row))
+    assert {lay.ep for lay in layouts} == {int(row["ep"])}
 
 
 def test_llama3_fsdp_without_reshard_is_expressed_as_the_distributed_optimizer() -> None:
