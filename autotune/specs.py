@@ -550,7 +550,7 @@ class TrainSpec(BaseModel):
     def _check_moe_comm(self) -> TrainSpec:
         if self.framework != "megatron" and self.moe_token_dispatcher != "alltoall":
             raise ValueError(f"moe_token_dispatcher {self.moe_token_dispatcher!r} is Megatron's; "
-                             f"{self.framework} dispatches with alltoall")
+                             f"use alltoall with {self.framework}")
         if self.framework != "megatron" and self.moe_a2a_overlap:
             raise ValueError(f"moe_a2a_overlap is Megatron's; set it false for {self.framework}")
         return self
