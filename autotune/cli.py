@@ -54,6 +54,7 @@ from autotune.space import enumerate_layouts
 from autotune.space import load_space
 from autotune.space import no_feasible_message
 from autotune.specs import AutotuneConfig
+from autotune.specs import TrainSpec
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 """The exit codes (see the module docstring)."""
@@ -108,6 +109,18 @@ def _help(text: str, model: type[BaseModel], field: str) -> str:
     return f"{text} (default: {model.model_fields[field].default})"
 
 
+DispatcherOpt = Annotated[
+    str | None,
+    typer.Option("--moe-dispatcher",
+                 help=_help("MoE token dispatcher with ep > 1 (Megatron): alltoall or flex "
+                            "(DeepEP).", TrainSpec, "moe_token_dispatcher")),
+]
+A2AOverlapOpt = Annotated[
+    bool | None,
+    typer.Option("--moe-a2a-overlap/--no-moe-a2a-overlap",
+                 help=_help("Megatron's EP all-to-all overlap where the layout allows it.",
+                            TrainSpec, "moe_a2a_overlap")),
+]
 RunnerOpt = Annotated[
     str | None,
     typer.Option(help=_help("simulate, command, local or slurm.", RunnerSettings, "name")),
@@ -191,7 +204,8 @@ def _with_runner_options(command: Callable[..., None]) -> Callable[..., None]:
 _OPTIONS = {
     "problem": {"model": "model", "cluster": "cluster", "framework": "framework",
                 "seq_length": "seq", "global_batch_size": "gbs", "precision": "precision",
-                "processes": "processes", "space": "space_ref"},
+                "processes": "processes", "space": "space_ref",
+                "moe_token_dispatcher": "moe_dispatcher", "moe_a2a_overlap": "moe_a2a_overlap"},
     "runner": {"name": "runner", "timeout_s": "timeout", "noise": "noise", "seed": "seed",
                "command": "command", "steps": "steps", "hang_timeout_s": "hang_timeout",
                "launcher": "launcher", "megatron_lm": "megatron_lm", "partition": "partition",
@@ -355,6 +369,8 @@ def space(
     precision: PrecisionOpt = None,
     top: Annotated[int, typer.Option(help="How many layouts to list.")] = 10,
     processes: ProcsOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
+    moe_a2a_overlap: A2AOverlapOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Enumerate the legal layouts, rank them by predicted throughput, and count rule removals."""
@@ -399,6 +415,8 @@ def estimate(
     gbs: GbsOpt = None,
     precision: PrecisionOpt = None,
     processes: ProcsOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
+    moe_a2a_overlap: A2AOverlapOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Predict memory and step time of one layout, with both breakdowns.
@@ -486,6 +504,8 @@ def tune(
     gbs: GbsOpt = None,
     precision: PrecisionOpt = None,
     processes: ProcsOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
+    moe_a2a_overlap: A2AOverlapOpt = None,
     scale_after: Annotated[
         bool, typer.Option("--scale", help="Sweep the winner over cluster sizes.")
     ] = False,
@@ -576,6 +596,8 @@ def scale(
     gbs: GbsOpt = None,
     precision: PrecisionOpt = None,
     processes: ProcsOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
+    moe_a2a_overlap: A2AOverlapOpt = None,
     as_json: JsonOpt = False,
     **runner_options: Any,
 ) -> None:
@@ -637,6 +659,8 @@ def render(
     gbs: GbsOpt = None,
     precision: PrecisionOpt = None,
     processes: ProcsOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
+    moe_a2a_overlap: A2AOverlapOpt = None,
 ) -> None:
     """Render ds_config.json / pretrain_gpt.sh / sbatch.sh and a manifest for one layout."""
     from autotune.render import write_artifacts

@@ -76,6 +76,19 @@ def collective_s(
     return np.where(ranks > 1, time, 0.0)
 
 
+def exchange_s(network_bytes: np.ndarray, nvlink_bytes: np.ndarray, nodes: np.ndarray,
+               cfg: AutotuneConfig, k: Constants) -> np.ndarray:
+    """Time of one exchange in which each GPU sends `network_bytes` through its own NIC and
+    `nvlink_bytes` over NVLink at once (an all-to-all over `nodes` nodes, or DeepEP's dispatch):
+    the slower of the two, plus one network (or NVLink) step of latency."""
+    c = cfg.cluster
+    nvlink = nvlink_bytes / (c.intra_node_gb_s * 1e9 * k.nvlink_efficiency)
+    network = network_bytes / (c.inter_node_gb_s * 1e9 * k.comm_efficiency)
+    latency = k.latency_base_s + np.where(nodes > 1, k.latency_inter_s, k.latency_intra_s)
+    time: np.ndarray = latency + np.maximum(nvlink, network)
+    return time
+
+
 def all_to_all_s(
     nbytes: np.ndarray,
     ranks: np.ndarray,
@@ -85,15 +98,11 @@ def all_to_all_s(
 ) -> np.ndarray:
     """Time of one all-to-all of a `nbytes` buffer per GPU: (n−1)/n of it leaves each GPU, the
     part bound for other nodes through the GPU's own NIC, the rest over NVLink."""
-    c = cfg.cluster
     ranks = np.asarray(ranks, dtype=float)
     local, nodes = nodes_spanned(ranks, per_node)
     inside = (local - 1) / np.maximum(ranks, 1) * nbytes
     outside = (ranks - local) / np.maximum(ranks, 1) * nbytes
-    nvlink = inside / (c.intra_node_gb_s * 1e9 * k.nvlink_efficiency)
-    network = outside / (c.inter_node_gb_s * 1e9 * k.comm_efficiency)
-    latency = k.latency_base_s + np.where(nodes > 1, k.latency_inter_s, k.latency_intra_s)
-    return np.where(ranks > 1, latency + np.maximum(nvlink, network), 0.0)
+    return np.where(ranks > 1, exchange_s(outside, inside, nodes, cfg, k), 0.0)
 
 
 def send_s(

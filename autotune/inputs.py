@@ -386,6 +386,8 @@ def load_config(
     precision: str | None = None,
     framework: str | None = None,
     processes: int | None = None,
+    moe_token_dispatcher: str | None = None,
+    moe_a2a_overlap: bool | None = None,
 ) -> AutotuneConfig:
     """Model, cluster and training setup from CLI-style references; None takes the default."""
     model_spec = load_model(model)
@@ -402,6 +404,8 @@ def load_config(
         "global_batch_size": global_batch_size,
         "precision": precision,
         "framework": framework,
+        "moe_token_dispatcher": moe_token_dispatcher,
+        "moe_a2a_overlap": moe_a2a_overlap,
     }
     train.update({key: value for key, value in overrides.items() if value is not None})
     train_spec = _build(TrainSpec, train, "training setup")

@@ -12,9 +12,12 @@ Communication (`autotune.collectives`, NCCL's α-β model) is charged where it i
 - context parallel: Megatron's load-balanced ring passes K/V (forward) and K/V plus their
   gradients (backward) cp−1 times per layer, each pass under one block of attention; Ulysses
   all-to-alls (q, k, v in, output back) are exposed.
-- expert parallel (`ep_comm`, MoE layers only): token dispatch and combine all-to-alls over the
-  ep group, forward and backward, and with etp > 1 the expert tensor-parallel gathers, all
-  exposed, sized by the slowest rank's routed tokens (`moe_load_imbalance`).
+- expert parallel (`ep_comm`, MoE layers only): token dispatch and combine over the ep group,
+  forward and backward, every top-k copy (alltoall) or once per destination node (flex/DeepEP,
+  `autotune.expert_dispatch`), and with etp > 1 the expert tensor-parallel gathers, sized by
+  the slowest rank's routed tokens (`moe_load_imbalance`); exposed, except under Megatron's EP
+  all-to-all overlap (`TrainSpec.moe_a2a_overlap`), where they run under the forward and
+  backward of the layer's other micro-batch.
 - pipeline: the 1F1B bubble of (p−1)/v micro-batch times of the slowest stage, and the
   activation sends (all on the critical path without interleaving; only the fill and drain
   with interleaving, whose sends overlap).
@@ -36,9 +39,13 @@ import numpy as np
 from autotune.collectives import Kind
 from autotune.collectives import all_to_all_s
 from autotune.collectives import collective_s
+from autotune.collectives import exchange_s
 from autotune.collectives import exposed_s
+from autotune.collectives import nodes_spanned
 from autotune.collectives import send_s
 from autotune.constants import Constants
+from autotune.expert_dispatch import a2a_overlap_runs
+from autotune.expert_dispatch import dispatch_bytes
 from autotune.frameworks import framework_of
 from autotune.kernels import head_times
 from autotune.kernels import mean_layer_times
@@ -124,22 +131,25 @@ def _cp_layer_s(cfg: AutotuneConfig, t: LayoutTable, attention_forward: np.ndarr
 def _ep_layer_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> np.ndarray:
     """Expert-parallel communication of one MoE layer and micro-batch (0 at ep = etp = 1).
 
-    Dispatch and combine all-to-alls over the ep group, forward and backward (4, 6 when full
-    recompute repeats the forward); each moves the rank's routed copies (`routed_tokens` / etp
-    of them before the etp gather, 2h bytes each) times `moe_load_imbalance` (the slowest rank
-    receives the most and the group waits for it). The ep group's ranks are consecutive after
-    etp (Megatron's expert grid order tp-ep-dp-pp with tp = etp), so gpus_per_node / etp of
-    them share a node. With etp > 1 the routed copies are all-gathered over etp after the
-    dispatch and reduce-scattered before the combine (and the reverse in the backward).
-    Megatron runs these on the critical path (no overlap without
-    --overlap-moe-expert-parallel-comm): all exposed.
+    Dispatch and combine over the ep group, forward and backward (4, 6 when full recompute
+    repeats the forward); each moves the rank's s·b/(cp·tp) routed tokens times
+    `moe_load_imbalance` (the slowest rank receives the most and the group waits for it),
+    16-bit, as `expert_dispatch.dispatch_bytes` counts them for `TrainSpec.moe_token_dispatcher`
+    (alltoall: every top-k copy; flex/DeepEP: once per other node over the network). The ep
+    group's ranks are consecutive after etp (Megatron's expert grid order tp-ep-dp-pp with
+    tp = etp), so gpus_per_node / etp of them share a node. With etp > 1 the routed copies are
+    all-gathered over etp after the dispatch and reduce-scattered before the combine (and the
+    reverse in the backward). Exposed unless `TrainSpec.moe_a2a_overlap` (`estimate_time`).
     """
     m, gpn = cfg.model, cfg.cluster.gpus_per_node
     passes = 4 + 2 * (t.recompute == 2)
     copies = routed_tokens(cfg, t) * k.moe_load_imbalance
-    sent = 2 * m.hidden_size * copies / t.etp
-    per_node = np.maximum(gpn // t.etp, 1)
-    dispatch = all_to_all_s(sent, t.ep, per_node, cfg, k)
+    ranks = t.ep.astype(float)
+    local, nodes = nodes_spanned(ranks, np.maximum(gpn // t.etp, 1))
+    tokens = copies / (m.moe_router_topk * t.etp)
+    dedup = cfg.train.moe_token_dispatcher == "flex"
+    network, nvlink = dispatch_bytes(m, tokens, ranks, local, dedup)
+    dispatch = np.where(ranks > 1, exchange_s(network, nvlink, nodes, cfg, k), 0.0)
     gather = collective_s("all_gather", 2 * m.hidden_size * copies, t.etp, np.full(len(t), gpn),
                           cfg, k)
     ep_s: np.ndarray = passes * (dispatch + gather)
@@ -205,6 +215,11 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     cp_layer = _cp_layer_s(cfg, t, layer.attention_forward, k)
     share = moe_share(m)
     ep_layer = share * _ep_layer_s(cfg, t, k) if share else np.zeros(len(t))
+    if share and cfg.train.moe_a2a_overlap:
+        # EP A2A overlap: one micro-batch's expert traffic under another's forward and backward
+        overlaps = a2a_overlap_runs(cfg, t.ep, t.pp, t.vpp, t.recompute == 2)
+        hidden = exposed_s(ep_layer, layer.forward + layer.backward, k)
+        ep_layer = np.where(overlaps, hidden, ep_layer)
     head_s, head_flops = head_times(cfg, t, vocab, k)
 
     # the slowest stage: first, middle or last (the last also runs the output layer and loss)

@@ -64,6 +64,17 @@ RELEASED_FIELDS: dict[str, dict[str, Any]] = {
     "Qwen3-30B-A3B": {"kv_channels": 128, "qk_layernorm": True, "rotary_base": 1.0e6},
 }
 """Fields of the released config.json that the CSV has no column for, by the `model` column."""
+RUN_SETTINGS: dict[str, dict[str, Any]] = {
+    # NVIDIA-NeMo/Megatron-Bridge scripts/performance/run_script.py @
+    # bf71eba07bae8d36f08b796c106d1197d46ad541 (v0.1.0rc3, the 25.09 scripts): DeepSeek-V3 on
+    # H100 enables DeepEP (flex dispatcher), the EP all-to-all 1F1B overlap with delayed weight
+    # gradients, and turns the gradient-reduce overlap off
+    "mbridge_2509_h100_deepseekv3_1024": {"moe_token_dispatcher": "flex",
+                                          "moe_a2a_overlap": True,
+                                          "overlap_grad_reduce": False},
+}
+"""Training settings of a run that its launch script sets and the CSV has no column for, by
+`row_id`."""
 _POSITIONS = {"alibi": "rope"}  # position schemes without weights map onto rope
 RUN_MEMORY_TOLERANCE = 0.03
 """A run that happened may be predicted this fraction over the usable memory and still count as
@@ -236,15 +247,16 @@ def problem(row: dict[str, str]) -> AutotuneConfig:
     update: dict[str, Any] = {"gpus_per_node": gpus} if gpus < 8 else {}
     if row["inter_node_gb_s_per_gpu"]:
         update["inter_node_gb_s"] = float(row["inter_node_gb_s_per_gpu"])
-    train = TrainSpec(
-        seq_length=int(row["seq_length"]),
-        global_batch_size=int(row["global_batch_size"]),
-        precision=_PRECISION[row["precision"]],
-        framework=autotune_framework(row),
-        flash_attention=row["fused_attention"] != "no",
-        overlap_grad_reduce=row["overlap_grad_reduce"] != "no",
-        tp_comm_overlap=row["tp_comm_overlap"] == "yes",
-    )
+    setup: dict[str, Any] = {
+        "seq_length": int(row["seq_length"]),
+        "global_batch_size": int(row["global_batch_size"]),
+        "precision": _PRECISION[row["precision"]],
+        "framework": autotune_framework(row),
+        "flash_attention": row["fused_attention"] != "no",
+        "overlap_grad_reduce": row["overlap_grad_reduce"] != "no",
+        "tp_comm_overlap": row["tp_comm_overlap"] == "yes",
+    }
+    train = TrainSpec(**(setup | RUN_SETTINGS.get(row["row_id"], {})))
     return AutotuneConfig(
         model=model_spec(row), cluster=cluster.model_copy(update=update), train=train
     )

@@ -99,6 +99,10 @@ class Problem(BaseModel):
     """Worker processes of `local` (default: its GPUs, or 2 CPU processes)."""
     space: str | None = None
     """A search space YAML file or bundled name; None: the framework's."""
+    moe_token_dispatcher: Literal["alltoall", "flex"] | None = None
+    """MoE token dispatcher with ep > 1 (`TrainSpec.moe_token_dispatcher`); None: alltoall."""
+    moe_a2a_overlap: StrictBool | None = None
+    """Megatron's EP all-to-all overlap (`TrainSpec.moe_a2a_overlap`); None: off."""
 
     def load(self, default_framework: str = "megatron") -> AutotuneConfig:
         """The model, cluster and training setup (presets and files read, overrides applied)."""
@@ -110,6 +114,8 @@ class Problem(BaseModel):
             precision=self.precision,
             framework=self.framework or default_framework,
             processes=self.processes,
+            moe_token_dispatcher=self.moe_token_dispatcher,
+            moe_a2a_overlap=self.moe_a2a_overlap,
         )
 
 

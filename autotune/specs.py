@@ -534,6 +534,26 @@ class TrainSpec(BaseModel):
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives run in chunks under the GEMMs (Transformer Engine userbuffers:
     Megatron's `--tp-comm-overlap`, with sequence parallelism only)."""
+    moe_token_dispatcher: Literal["alltoall", "flex"] = "alltoall"
+    """How MoE layers with ep > 1 move tokens to their experts (Megatron's
+    `--moe-token-dispatcher-type`): alltoall, NCCL all-to-all of every top-k copy (Megatron's
+    guide's choice for ep > 1); flex, DeepEP (`--moe-flex-dispatcher-backend deepep`), one copy
+    per destination node over the network, forwarded over NVLink, which needs DeepEP installed
+    on GPUs. ep = 1 always gathers (allgather)."""
+    moe_a2a_overlap: StrictBool = False
+    """Megatron's EP all-to-all overlap (`--overlap-moe-expert-parallel-comm
+    --delay-wgrad-compute`, off by default): a micro-batch's dispatch and combine run under
+    another's forward and backward, on the layouts that allow it
+    (`autotune.expert_dispatch.a2a_overlap_applies`)."""
+
+    @model_validator(mode="after")
+    def _check_moe_comm(self) -> TrainSpec:
+        if self.framework != "megatron" and self.moe_token_dispatcher != "alltoall":
+            raise ValueError(f"moe_token_dispatcher {self.moe_token_dispatcher!r} is Megatron's; "
+                             f"use alltoall with {self.framework}")
+        if self.framework != "megatron" and self.moe_a2a_overlap:
+            raise ValueError(f"moe_a2a_overlap is Megatron's; set it false for {self.framework}")
+        return self
 
     @property
     def tokens_per_step(self) -> int:

@@ -20,7 +20,10 @@ it lacks) are skipped with the reason.
 (c) Mixture-of-Experts rows: the model from the released config.json where the CSV lacks
     its attention and expert shapes (`autotune.published.model_spec`), the
     published tp, pp, ep, vpp and mbs, etp = 1, the distributed optimizer, each recompute
-    choice; feasibility and predicted against published tokens/s per GPU (nothing fitted).
+    choice, and the token dispatcher and overlaps its launch script set
+    (`autotune.published.RUN_SETTINGS`: DeepSeek-V3 ran DeepEP with the EP all-to-all overlap,
+    which megatron-core refuses with full recompute); feasibility and predicted against
+    published tokens/s per GPU (nothing fitted).
     DeepSeek-V3's 61 layers do not split over its pp8·vpp4 with Megatron's split flags (the run
     used --pipeline-model-parallel-layout, which autotune's rules lack): it is assessed with
     64 layers, 8 per stage, the depth of the published middle stages.
@@ -40,6 +43,7 @@ from autotune import enumerate_layouts
 from autotune import estimate
 from autotune import load_space
 from autotune.constants import constants_for
+from autotune.frameworks.megatron_args import a2a_overlap
 from autotune.layout import RECOMPUTES
 from autotune.layout import Layout
 from autotune.memory import GIB
@@ -155,6 +159,8 @@ def assess_moe(row: dict[str, str]) -> dict:
         "verdict": ("fits" if feasible else f"WRONGLY INFEASIBLE: {min(broken)[0][0]}") + note,
         "predicted": predicted, "published": published, "error": predicted / published - 1,
         "ep_share": best.time_parts["ep_comm"] / best.step_time_s,
+        "dispatch": cfg.train.moe_token_dispatcher
+        + (" + a2a overlap" if a2a_overlap(cfg, best.layout) else ""),
     }
 
 
@@ -162,7 +168,8 @@ def moe_table(path: Path) -> tuple[Table, int]:
     """Predicted against published throughput of the MoE rows, and how many are infeasible."""
     table = Table(title="Published MoE runs: the published layout under autotune's model")
     for column in ("row", "GPUs", "layout (fastest recompute)", "peak/usable GiB", "verdict",
-                   "predicted tok/s/GPU", "published", "error", "EP share of step"):
+                   "EP dispatch", "predicted tok/s/GPU", "published", "error",
+                   "EP share of step"):
         table.add_column(column, no_wrap=True)
     wrong = 0
     for row in read_rows(path):
@@ -172,7 +179,7 @@ def moe_table(path: Path) -> tuple[Table, int]:
         wrong += found["verdict"].startswith("WRONGLY")
         table.add_row(found["row"], str(found["gpus"]), found["layout"],
                       f"{found['peak']:.1f} / {found['usable']:.1f}", found["verdict"],
-                      f"{found['predicted']:.0f}", f"{found['published']:.0f}",
+                      found["dispatch"], f"{found['predicted']:.0f}", f"{found['published']:.0f}",
                       f"{found['error']:+.0%}", f"{found['ep_share']:.0%}")
     return table, wrong
 

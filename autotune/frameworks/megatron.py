@@ -237,10 +237,14 @@ class Megatron(Framework):
             notes.append("Megatron-FSDP with tp/cp: CUDA_DEVICE_MAX_CONNECTIONS stays unset "
                          "(FSDP forbids 1); Megatron warns that tp/cp overlap less")
         if cfg.model.moe:
+            dispatcher = token_dispatcher(cfg, layout)
             notes.append(f"MoE: the experts run on an etp·ep·pp grid ({layout.etp}·{layout.ep}·"
-                         f"{layout.pp}) with the {token_dispatcher(layout)} token dispatcher; "
+                         f"{layout.pp}) with the {dispatcher} token dispatcher; "
                          "--moe-grouped-gemm needs Transformer Engine and a GPU of compute "
                          "capability >= 8")
+            if dispatcher == "flex":
+                notes.append("flex: the DeepEP backend must be installed "
+                             "(github.com/deepseek-ai/DeepEP, NVSHMEM for cross-node ep)")
         plan = pipeline_split(cfg, layout)
         if plan.edge:
             notes.append("pipeline: layers do not divide over pp·vpp, so the first and last "
@@ -278,7 +282,7 @@ def launch_script(
     return render_template(
         "megatron/pretrain_gpt.sh.j2", **header(cfg, layout), megatron_lm=megatron_lm,
         flag_lines=flag_lines(megatron_args(cfg, layout)),
-        single_connection=needs_single_connection(layout), fsdp=fsdp(layout), plan=plan,
+        single_connection=needs_single_connection(cfg, layout), fsdp=fsdp(layout), plan=plan,
         trial=trial, train_iters=train_iters, vocab_size=cfg.model.vocab_size,
         tokens_per_iteration=layout.global_batch_size * cfg.train.seq_length,
     )

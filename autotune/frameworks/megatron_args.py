@@ -13,7 +13,8 @@ ZeRO stages map to Megatron as: 0 DDP, 1 distributed optimizer, 2 Megatron-FSDP
 optimizer and the precision-aware optimizer; Megatron has no parameter offload.
 
 Mixture-of-Experts layouts always pass ep and etp (`--expert-tensor-parallel-size` defaults to
-tp when absent, arguments.py:587) and choose the token dispatcher (`token_dispatcher`). The
+tp when absent, arguments.py:587), choose the token dispatcher (`token_dispatcher`) and, when
+asked and allowed, the EP all-to-all overlap (`a2a_overlap`). The
 script asks for `--moe-grouped-gemm` (Transformer Engine's grouped GEMM, one kernel for all
 local experts); Megatron-LM asserts compute capability >= 8 for it (arguments.py:1378), which
 every GPU preset has (A100 8.0, H100/H200 9.0). The megatron-core kwargs leave it off: without
@@ -32,6 +33,7 @@ import dataclasses
 from typing import Any
 
 from autotune.exceptions import AutotuneError
+from autotune.expert_dispatch import a2a_overlap_runs
 from autotune.frameworks.base import ADAMW
 from autotune.frameworks.megatron_model import model_args
 from autotune.frameworks.megatron_model import transformer_config_kwargs as model_config_kwargs
@@ -47,12 +49,16 @@ def fsdp(layout: Layout) -> bool:
     return layout.zero >= 2
 
 
-def needs_single_connection(layout: Layout) -> bool:
-    """Whether Megatron requires CUDA_DEVICE_MAX_CONNECTIONS=1 (tp>1 or cp>1, not with FSDP).
+def needs_single_connection(cfg: AutotuneConfig, layout: Layout) -> bool:
+    """Whether Megatron requires CUDA_DEVICE_MAX_CONNECTIONS=1 (tp>1 or cp>1, not with FSDP,
+    not with the EP all-to-all overlap).
 
-    arguments.py asserts it on pre-Blackwell GPUs; Megatron-FSDP asserts the opposite.
+    arguments.py asserts it on pre-Blackwell GPUs; Megatron-FSDP asserts the opposite, and with
+    `--overlap-moe-expert-parallel-comm` arguments.py only warns, since the overlap's streams
+    need more than one connection (Megatron-Bridge `comm_overlap.py`
+    `_set_num_cuda_device_max_connections` unsets it then).
     """
-    return (layout.tp > 1 or layout.cp > 1) and not fsdp(layout)
+    return (layout.tp > 1 or layout.cp > 1) and not fsdp(layout) and not a2a_overlap(cfg, layout)
 
 
 def uneven_edge_layers(num_layers: int, pp: int, vpp: int = 1) -> int | None:
@@ -143,24 +149,38 @@ def _number(value: float) -> str:
     return str(value)
 
 
-def token_dispatcher(layout: Layout) -> str:
-    """`--moe-token-dispatcher-type` of a MoE layout: alltoall when experts are spread over
-    expert-parallel ranks (ep > 1), allgather otherwise.
+def token_dispatcher(cfg: AutotuneConfig, layout: Layout) -> str:
+    """`--moe-token-dispatcher-type` of a MoE layout: `TrainSpec.moe_token_dispatcher` (alltoall
+    by default, flex for DeepEP) when experts are spread over expert-parallel ranks (ep > 1),
+    allgather otherwise.
 
     Megatron's MoE guide (megatron/core/transformer/moe/README.md, "Token dispatcher") names
-    alltoall for EP > 1 and allgather for tensor-parallel-only setups; `flex` needs DeepEP or
-    HybridEP installed and is never chosen.
+    alltoall for EP > 1, flex with DeepEP for cross-node EP (it needs DeepEP installed), and
+    allgather for tensor-parallel-only setups.
     """
-    return "alltoall" if layout.ep > 1 else "allgather"
+    return cfg.train.moe_token_dispatcher if layout.ep > 1 else "allgather"
+
+
+def a2a_overlap(cfg: AutotuneConfig, layout: Layout) -> bool:
+    """Whether the layout runs with Megatron's EP all-to-all overlap
+    (`expert_dispatch.a2a_overlap_runs`)."""
+    return bool(a2a_overlap_runs(cfg, layout.ep, layout.pp, layout.vpp,
+                                 layout.recompute == "full"))
 
 
 def _expert_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
     if not cfg.model.moe:
         return []
-    return ["--expert-model-parallel-size", str(layout.ep),
+    dispatcher = token_dispatcher(cfg, layout)
+    args = ["--expert-model-parallel-size", str(layout.ep),
             "--expert-tensor-parallel-size", str(layout.etp),
-            "--moe-token-dispatcher-type", token_dispatcher(layout),
-            "--moe-grouped-gemm"]
+            "--moe-token-dispatcher-type", dispatcher]
+    if dispatcher == "flex":
+        # DeepEP takes fp32 routing probabilities (token_dispatcher.py casts them, warning)
+        args += ["--moe-flex-dispatcher-backend", "deepep", "--moe-router-dtype", "fp32"]
+    if a2a_overlap(cfg, layout):
+        args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    return args + ["--moe-grouped-gemm"]
 
 
 def _parallel_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
@@ -299,7 +319,11 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
     }
     if cfg.model.moe:
         kwargs.update(expert_model_parallel_size=layout.ep, expert_tensor_parallel_size=layout.etp,
-                      moe_token_dispatcher_type=token_dispatcher(layout))
+                      moe_token_dispatcher_type=token_dispatcher(cfg, layout))
+        if kwargs["moe_token_dispatcher_type"] == "flex":
+            kwargs.update(moe_flex_dispatcher_backend="deepep", moe_router_dtype="fp32")
+        if a2a_overlap(cfg, layout):
+            kwargs.update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
     if precision == "fp8":
         kwargs["fp8"] = "hybrid"
     if plan.edge:

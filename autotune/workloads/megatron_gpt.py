@@ -510,7 +510,7 @@ def run(args: argparse.Namespace) -> int:
         configs = build_configs(plan.cfg, plan.layout)
     except (AutotuneError, ValueError, AssertionError) as error:
         return reporter.fail("rejected", f"megatron-core config: {error}", world)
-    if needs_single_connection(plan.layout):
+    if needs_single_connection(plan.cfg, plan.layout):
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # before the CUDA context
     if not torch.cuda.is_available():
         return reporter.fail("rejected", NO_CUDA, world)

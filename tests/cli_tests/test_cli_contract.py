@@ -58,6 +58,11 @@ def _cluster(tmp_path: Path, **changes: object) -> str:
          ("--framework 'jax'", "megatron", "deepspeed")),
         (("tune", "-m", "llama3-8b", "-c", "dgx-h100:1", "--runner", "ssh"),
          ("--runner 'ssh'", "simulate, command, local, slurm")),
+        (("space", "-m", "mixtral-8x7b", "-c", "dgx-h100:1", "--moe-dispatcher", "deepep"),
+         ("--moe-dispatcher 'deepep'", "alltoall", "flex")),
+        (("space", "-m", "mixtral-8x7b", "-c", "dgx-h100:1", "--framework", "deepspeed",
+          "--moe-dispatcher", "flex"), ("moe_token_dispatcher 'flex' is Megatron's",
+                                        "use alltoall with deepspeed")),
     ],
 )
 def test_usage_errors_exit_2_in_one_line(args: tuple[str, ...], fragments: tuple[str, ...]):

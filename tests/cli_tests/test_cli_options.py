@@ -11,8 +11,8 @@ import typer
 from autotune.cli import app
 from autotune.run import RunnerSettings
 
-PROBLEM = ["--cluster", "--framework", "--gbs", "--model", "--precision", "--processes", "--seq",
-           "-c", "-m"]
+PROBLEM = ["--cluster", "--framework", "--gbs", "--model", "--moe-a2a-overlap", "--moe-dispatcher",
+           "--no-moe-a2a-overlap", "--precision", "--processes", "--seq", "-c", "-m"]
 RUNNER = ["--account", "--command", "--hang-timeout", "--launcher", "--megatron-lm", "--noise",
           "--partition", "--runner", "--seed", "--slurm-opt", "--steps", "--time-limit",
           "--timeout"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch.distributed
+from hypothesis import assume
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -26,6 +27,7 @@ from autotune.frameworks.megatron_args import transformer_config_kwargs
 from autotune.frameworks.megatron_model import transformer_config_class
 from autotune.render import megatron_launch_script
 from autotune.render import render_artifacts
+from autotune.specs import AutotuneConfig
 
 with warnings.catch_warnings():  # megatron-core warns that Transformer Engine / Apex are absent
     warnings.simplefilter("ignore")
@@ -218,3 +220,57 @@ def test_unrepresentable_layouts_raise(layout: Layout, rule: str) -> None:
     cfg = problem("llama3-8b", "dgx-h100:1", "megatron", None)
     with pytest.raises(AutotuneError, match=rule):
         render_artifacts(cfg, layout)
+
+
+def _with_moe_comm(cfg: AutotuneConfig) -> AutotuneConfig:
+    train = cfg.train.model_copy(update={"moe_token_dispatcher": "flex", "moe_a2a_overlap": True})
+    return cfg.model_copy(update={"train": train})
+
+
+def test_flex_dispatcher_and_a2a_overlap_render_consistently(megatron_moe_case: Case) -> None:
+    """Oracle: Megatron-LM's flag list and megatron-core 0.16.1's TransformerConfig. With the
+    flex dispatcher and the EP overlap asked for, a layout with ep > 1 renders flex with the
+    DeepEP backend and fp32 router, the overlap flags exactly where the config accepts them
+    (`test_a2a_overlap_where_megatron_core_accepts_it`), the same choices as config kwargs, and
+    leaves CUDA_DEVICE_MAX_CONNECTIONS unset under the overlap, as Megatron-Bridge does."""
+    cfg, layout = _with_moe_comm(megatron_moe_case.cfg), megatron_moe_case.layout
+    args = megatron_args(cfg, layout)
+    flags = flag_values(args)
+    assert {arg for arg in args if arg.startswith("--")} <= MEGATRON_LM_FLAGS
+    flex = layout.ep > 1
+    assert flags["--moe-token-dispatcher-type"] == ["flex" if flex else "allgather"]
+    assert flags.get("--moe-flex-dispatcher-backend") == (["deepep"] if flex else None)
+    assert flags.get("--moe-router-dtype") == (["fp32"] if flex else None)
+    kwargs = transformer_config_kwargs(cfg, layout)
+    config = transformer_config_class(cfg.model)(**kwargs)
+    assert config.moe_token_dispatcher_type == flags["--moe-token-dispatcher-type"][0]
+    overlap = "--overlap-moe-expert-parallel-comm" in flags
+    assert overlap == ("--delay-wgrad-compute" in flags) == config.overlap_moe_expert_parallel_comm
+    script = megatron_launch_script(cfg, layout)
+    single = (layout.tp > 1 or layout.cp > 1) and layout.zero < 2 and not overlap
+    assert ("export CUDA_DEVICE_MAX_CONNECTIONS=1" in script) == single
+
+
+@settings(max_examples=40, deadline=None)
+@given(pp=st.sampled_from([1, 2, 4]), vpp=st.sampled_from([1, 2]), ep=st.sampled_from([1, 8]),
+       recompute=st.sampled_from(["none", "selective", "full"]),
+       precision=st.sampled_from(["bf16", "fp32"]))
+def test_a2a_overlap_where_megatron_core_accepts_it(pp: int, vpp: int, ep: int, recompute: str,
+                                                    precision: str) -> None:
+    """Oracle: megatron-core 0.16.1's TransformerConfig, given the overlap flags on Mixtral
+    layouts of every pipeline, recompute, ep and precision: it accepts them exactly on the
+    layouts where autotune renders them (and models the overlap)."""
+    assume(pp > 1 or vpp == 1)
+    cfg = _with_moe_comm(problem("mixtral-8x7b", "dgx-h100:8", "megatron", precision))
+    layout = Layout.derived(cfg.world_size, cfg.train.global_batch_size, pp=pp, vpp=vpp, ep=ep,
+                            recompute=recompute, zero=1)
+    kwargs = transformer_config_kwargs(cfg, layout)
+    rendered = "--overlap-moe-expert-parallel-comm" in megatron_args(cfg, layout)
+    forced = kwargs | {"overlap_moe_expert_parallel_comm": True, "delay_wgrad_compute": True}
+    try:
+        TransformerConfig(**forced)
+    except (AssertionError, ValueError):
+        accepted = False
+    else:
+        accepted = True
+    assert rendered == accepted
