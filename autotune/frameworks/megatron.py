@@ -156,7 +156,8 @@ class Megatron(Framework):
 
     def split_layers(self, cfg: AutotuneConfig, pp: np.ndarray, vpp: np.ndarray) -> StageSplit:
         """Megatron's placement (`pipeline_plan`): even over pp·vpp chunks, the embedding/loss
-        counted as layers, or smaller first and last stages."""
+        counted as layers, explicit first and last stages, or a custom layout (middle: the
+        most loaded middle stage)."""
         n = pp.shape[0]
         first, middle, last = (np.zeros(n, dtype=np.int64) for _ in range(3))
         uneven = np.zeros(n, dtype=bool)
@@ -242,9 +243,14 @@ class Megatron(Framework):
                          "--moe-grouped-gemm needs Transformer Engine and a GPU of compute "
                          "capability >= 8")
         plan = pipeline_split(cfg, layout)
-        if plan.edge:
+        if plan.chunks:
+            notes.append("pipeline: no split flag fits the layers to pp·vpp chunks as evenly, "
+                         "so --pipeline-model-parallel-layout lists each chunk's layers (the "
+                         "embedding on the first chunk, the loss on the last)")
+        elif plan.edge:
             notes.append("pipeline: layers do not divide over pp·vpp, so the first and last "
-                         "stages hold fewer layers (--decoder-first/last-pipeline-num-layers)")
+                         "stages hold their own layer counts "
+                         "(--decoder-first/last-pipeline-num-layers)")
         elif plan.account_embedding or plan.account_loss:
             notes.append("pipeline: the embedding and/or the loss count as pipeline layers "
                          "(--account-for-embedding/loss-in-pipeline-split), so the first/last "
