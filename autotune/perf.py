@@ -18,7 +18,8 @@ Communication (`autotune.collectives`, NCCL's α-β model) is charged where it i
   the slowest rank's routed tokens (`moe_load_imbalance`); exposed, except under Megatron's EP
   all-to-all overlap (`TrainSpec.moe_a2a_overlap`), where they run under the forward and
   backward of the layer's other micro-batch.
-- pipeline: the 1F1B bubble of (p−1)/v micro-batch times of the slowest stage, and the
+- pipeline: the 1F1B bubble of (p−1)/v micro-batch times of the slowest stage (p−1 times its
+  heaviest chunk where a custom layout's chunks differ), and the
   activation sends (all on the critical path without interleaving; only the fill and drain
   with interleaving, whose sends overlap).
 - data parallel: dense gradients over dp·cp, routed-expert gradients over edp; buckets are
@@ -237,7 +238,12 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     holds_head = slowest == 2
 
     # pipeline: bubble and activation sends
-    bubble = np.where(single, 0.0, (t.pp - 1) / t.vpp * microbatch)
+    # interleaved 1F1B idles each stage for p−1 chunk times; a custom layout's chunks differ
+    # within a stage and its heaviest chunk sets that time (equal chunks: 1/v of the stage)
+    chunk_share = np.ones(len(t))
+    if split.heaviest_chunk is not None:
+        chunk_share = np.maximum(split.heaviest_chunk * t.vpp / np.maximum(split.most, 1), 1.0)
+    bubble = np.where(single, 0.0, (t.pp - 1) / t.vpp * microbatch * chunk_share)
     # each tensor-parallel rank sends its 1/tp slice (sequence parallel, or the scatter/gather
     # optimization of Narayanan et al. 2021 §4.1) through its own NIC
     p2p_bytes = 2 * t.mbs * train.seq_length / t.cp * m.hidden_size / t.tp

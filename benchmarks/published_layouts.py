@@ -24,9 +24,10 @@ it lacks) are skipped with the reason.
     (`autotune.published.RUN_SETTINGS`: DeepSeek-V3 ran DeepEP with the EP all-to-all overlap,
     which megatron-core refuses with full recompute); feasibility and predicted against
     published tokens/s per GPU (nothing fitted).
-    DeepSeek-V3's 61 layers do not split over its pp8·vpp4 with Megatron's split flags (the run
-    used --pipeline-model-parallel-layout, which autotune's rules lack): it is assessed with
-    64 layers, 8 per stage, the depth of the published middle stages.
+    DeepSeek-V3's 61 layers do not split over its pp8·vpp4 with Megatron's split flags: like
+    the run, autotune places them with --pipeline-model-parallel-layout (7, 8 and 7 layers on
+    the first, most loaded middle and last stage; the run's layout also held the
+    multi-token-prediction module, which the model spec lacks).
 """
 
 from __future__ import annotations
@@ -135,17 +136,6 @@ def assess_moe(row: dict[str, str]) -> dict:
                               cp=int(row["cp"] or 1), vpp=int(row["vpp"] or 1), zero=1,
                               mbs=int(row["micro_batch_size"]), recompute=r, sp=tp > 1, ep=ep)
                for r in RECOMPUTES]
-    note = ""
-    if all(b and b[0][0] == "layers_divisible_by_pp_vpp" for b in
-           (violations(cfg, lay, k, memory=False) for lay in layouts)):
-        # the layers do not split over pp·vpp chunks with Megatron's flags: the run placed
-        # them with --pipeline-model-parallel-layout, which the rules lack; assess the stages
-        # with whole chunks of the same depth (the published middle stages' layer count)
-        chunks = pp * int(row["vpp"] or 1)
-        layers = -(-cfg.model.num_layers // chunks) * chunks
-        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(
-            update={"num_layers": layers})})
-        note = f" (as {layers} layers: custom pipeline layout)"
     estimates = [estimate(cfg, lay, k) for lay in layouts]
     broken = [violations(cfg, lay, k) for lay in layouts]
     feasible = [e for e, b in zip(estimates, broken, strict=True) if not b]
@@ -156,7 +146,7 @@ def assess_moe(row: dict[str, str]) -> dict:
         "row": row["row_id"], "gpus": cfg.world_size,
         "layout": f"{label(best.layout)} ep{ep} {cfg.train.precision}",
         "peak": best.peak_memory_bytes / GIB, "usable": usable_gpu_bytes(cfg, k) / GIB,
-        "verdict": ("fits" if feasible else f"WRONGLY INFEASIBLE: {min(broken)[0][0]}") + note,
+        "verdict": "fits" if feasible else f"WRONGLY INFEASIBLE: {min(broken)[0][0]}",
         "predicted": predicted, "published": published, "error": predicted / published - 1,
         "ep_share": best.time_parts["ep_comm"] / best.step_time_s,
         "dispatch": cfg.train.moe_token_dispatcher

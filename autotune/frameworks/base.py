@@ -85,6 +85,9 @@ class StageSplit:
     last: IntArray
     uneven: BoolArray
     legal: BoolArray
+    heaviest_chunk: IntArray | None = None
+    """Layers of the heaviest model chunk (virtual stage) where chunks differ within a stage
+    (a custom pipeline layout); None: every stage's chunks are equal."""
 
     @property
     def most(self) -> IntArray:

@@ -114,7 +114,8 @@ def _hidden(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     COMMON_RULES,
     "layers_divisible_by_pp_vpp",
     "num_layers ({m.num_layers}) must split over pp·vpp = {l.pp}·{l.vpp} chunks: evenly, or as "
-    "Megatron allows with the embedding/loss counted as layers or smaller first/last stages",
+    "Megatron allows (the embedding/loss counted as layers, explicit first/last stages, or a "
+    "layout giving each chunk at least one layer)",
     RuleGroup.PIPELINE,
 )
 def _layers(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:

@@ -156,11 +156,13 @@ class Megatron(Framework):
 
     def split_layers(self, cfg: AutotuneConfig, pp: np.ndarray, vpp: np.ndarray) -> StageSplit:
         """Megatron's placement (`pipeline_plan`): even over pp·vpp chunks, the embedding/loss
-        counted as layers, or smaller first and last stages."""
+        counted as layers, explicit first and last stages, or a custom layout (middle: the
+        most loaded middle stage)."""
         n = pp.shape[0]
         first, middle, last = (np.zeros(n, dtype=np.int64) for _ in range(3))
         uneven = np.zeros(n, dtype=bool)
         legal = np.zeros(n, dtype=bool)
+        heaviest = np.zeros(n, dtype=np.int64)
         width = int(vpp.max(initial=0)) + 1
         keys = pp * width + vpp  # one per (pp, vpp) pair; bincount finds those present
         for key in np.flatnonzero(np.bincount(keys)).tolist():
@@ -172,7 +174,9 @@ class Megatron(Framework):
             first[rows], middle[rows], last[rows] = plan.first, plan.middle, plan.last
             uneven[rows] = plan.first != plan.middle or plan.last != plan.middle
             legal[rows] = True
-        return StageSplit(first=first, middle=middle, last=last, uneven=uneven, legal=legal)
+            heaviest[rows] = max(plan.chunks) if plan.chunks else -(-plan.most // v)
+        return StageSplit(first=first, middle=middle, last=last, uneven=uneven, legal=legal,
+                          heaviest_chunk=heaviest)
 
     def state_bytes(
         self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray,
@@ -246,9 +250,14 @@ class Megatron(Framework):
                 notes.append("flex: the DeepEP backend must be installed "
                              "(github.com/deepseek-ai/DeepEP, NVSHMEM for cross-node ep)")
         plan = pipeline_split(cfg, layout)
-        if plan.edge:
+        if plan.chunks:
+            notes.append("pipeline: no split flag fits the layers to pp·vpp chunks as evenly, "
+                         "so --pipeline-model-parallel-layout lists each chunk's layers (the "
+                         "embedding on the first chunk, the loss on the last)")
+        elif plan.edge:
             notes.append("pipeline: layers do not divide over pp·vpp, so the first and last "
-                         "stages hold fewer layers (--decoder-first/last-pipeline-num-layers)")
+                         "stages hold their own layer counts "
+                         "(--decoder-first/last-pipeline-num-layers)")
         elif plan.account_embedding or plan.account_loss:
             notes.append("pipeline: the embedding and/or the loss count as pipeline layers "
                          "(--account-for-embedding/loss-in-pipeline-split), so the first/last "

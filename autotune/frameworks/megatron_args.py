@@ -30,6 +30,8 @@ share their pipeline groups (parallel_state.py:904).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 from typing import Any
 
 from autotune.exceptions import AutotuneError
@@ -61,43 +63,79 @@ def needs_single_connection(cfg: AutotuneConfig, layout: Layout) -> bool:
     return (layout.tp > 1 or layout.cp > 1) and not fsdp(layout) and not a2a_overlap(cfg, layout)
 
 
-def uneven_edge_layers(num_layers: int, pp: int, vpp: int = 1) -> int | None:
-    """Layers on the first and on the last stage when Megatron needs an uneven split, else None.
+def edge_layers(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, int] | None:
+    """Layers on the first and on the last stage when both are set explicitly, else None.
 
-    Megatron lets the first and last stage hold fewer layers
-    (`--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers`): Llama 3
-    405B's 126 layers run on pp=16 as 7 + 14·8 + 7. The middle pp−2 stages hold equal,
-    larger-or-equal counts; with vpp>1 every stage's count must be divisible by vpp. Returns None
-    when no such split exists (or an even split does).
+    `--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers`: megatron-core
+    (`TransformerConfig.__post_init__`) wants each at least 1 and divisible by vpp, and the rest
+    split evenly over the pp−2 middle stages, each holding at least one layer and a multiple of
+    vpp (none left with pp=2). Of the splits that exist: equal edges no heavier than the middle
+    stages, the largest (Llama 3 405B's 126 layers on pp=16: 7 + 14·8 + 7, Dubey et al. 2024
+    §3.3.2); else the split whose most loaded stage is lightest, then the closest edges, the
+    lighter one first (it holds the most activations). None when no split exists.
     """
-    if pp < 3 or num_layers % pp == 0:
+    if pp < 2 or num_layers % vpp != 0:
         return None
-    for edge in range(num_layers // pp, 0, -1):
-        rest = num_layers - 2 * edge
-        if rest % (pp - 2) == 0 and rest // (pp - 2) >= edge:
-            middle = rest // (pp - 2)
-            if edge % vpp == 0 and middle % vpp == 0:
-                return edge
-    return None
+    splits = []  # (first, middle, last) for each middle depth, edges as close as vpp allows
+    depths = range(vpp, num_layers, vpp) if pp > 2 else (0,)
+    for middle in depths:
+        edges = (num_layers - (pp - 2) * middle) // vpp  # the edges' layers, in units of vpp
+        if edges < 2:
+            break
+        first = edges // 2 * vpp
+        splits.append((first, middle, edges * vpp - first))
+    if not splits:
+        return None
+    first, _, last = min(splits, key=lambda s: (not s[0] == s[2] <= s[1], max(s), s[2] - s[0]))
+    return first, last
+
+
+def chunk_layers(num_layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
+    """Transformer layers of each of the pp·vpp model chunks, as evenly as possible, in the
+    order of Megatron's `--pipeline-model-parallel-layout` (chunk v·pp + s is virtual stage v of
+    pipeline stage s); None when some chunk would hold no layer.
+
+    Every chunk holds q or q+1 layers. The stages share the q+1 chunks as evenly as possible, the
+    middle stages first, then the last, then the first (the first and last stages also hold the
+    embedding and the loss); the first stage's light chunks come first (the embedding's), the
+    others' last (the last stage's with the loss).
+    """
+    chunks = pp * vpp
+    if pp < 2 or num_layers < chunks:
+        return None
+    base, heavy = divmod(num_layers, chunks)
+    order = [*range(1, pp), 0]
+    per_stage = [heavy // pp + (order.index(s) < heavy % pp) for s in range(pp)]
+    layers = [0] * chunks
+    for stage, count in enumerate(per_stage):
+        light = vpp - count
+        for v in range(vpp):
+            lighter = v < light if stage == 0 else v >= count
+            layers[v * pp + stage] = base + (not lighter)
+    return tuple(layers)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PipelinePlan:
     """Where Megatron puts the transformer layers of a pp x vpp pipeline.
 
-    One of: an even split; the embedding and/or the loss counted as one layer each
-    (`--account-for-embedding-in-pipeline-split`, `--account-for-loss-in-pipeline-split`: the
-    layers plus the accounted ones split evenly over pp·vpp chunks, and the first chunk of the
-    first stage, or the last chunk of the last stage, builds one transformer layer fewer); or
-    smaller first and last stages (`edge`, `--decoder-first/last-pipeline-num-layers`).
-    Megatron-LM `megatron/training/arguments.py` and megatron-core `transformer_config.py` /
-    `transformer_block.get_num_layers_to_build` (NVIDIA/Megatron-LM at d98e8a64).
+    One of, in the order `pipeline_plan` tries them: an even split; the embedding and/or the
+    loss counted as one layer each (`--account-for-embedding-in-pipeline-split`,
+    `--account-for-loss-in-pipeline-split`: the layers plus the accounted ones split evenly over
+    pp·vpp chunks, and the first chunk of the first stage, or the last chunk of the last stage,
+    builds one transformer layer fewer); first and last stages set explicitly (`edge`,
+    `--decoder-first/last-pipeline-num-layers`, `edge_layers`); or every chunk's layers listed
+    (`chunks`, `--pipeline-model-parallel-layout`, `chunk_layers`) where no flag above splits
+    them. Megatron-LM `megatron/training/arguments.py` and megatron-core `transformer_config.py`,
+    `pipeline_parallel_layer_layout.py` and `transformer_block.get_num_layers_to_build`
+    (NVIDIA/Megatron-LM at d98e8a64).
     """
 
     first: int
     """Transformer layers on the first stage (all its chunks)."""
     middle: int
-    """Transformer layers on each middle stage."""
+    """Transformer layers on the most loaded middle stage (none with pp <= 2: the memory and
+    time models then read first and last only)."""
     last: int
     """Transformer layers on the last stage."""
     account_embedding: bool = False
@@ -105,7 +143,37 @@ class PipelinePlan:
     account_loss: bool = False
     """The output layer and loss count as a layer of the last stage."""
     edge: bool = False
-    """First and last stage hold `first` (= `last`) layers, set explicitly."""
+    """First and last stage hold `first` and `last` layers, set explicitly."""
+    chunks: tuple[int, ...] = ()
+    """Layers of each chunk in the layout's order (`chunk_layers`) when the plan lists them."""
+
+    @property
+    def most(self) -> int:
+        """Layers on the most loaded stage."""
+        return max(self.first, self.middle, self.last)
+
+    @property
+    def settled(self) -> bool:
+        """Even, accounted, or equal first and last stages no heavier than the middle ones.
+
+        `pipeline_plan` keeps such a split even where a layout would load the most loaded stage
+        less (96 layers on pp 4 x vpp 16: 16 + 32 + 32 + 16, not 24 each), so that the layouts
+        these flags split keep their plans and predictions."""
+        return not self.chunks and (not self.edge or self.first == self.last <= self.middle)
+
+    @property
+    def layout(self) -> str:
+        """`--pipeline-model-parallel-layout` of `chunks`: chunks split by `|`, `E` (embedding)
+        opening the first, `L` (loss) closing the last, a `t` per transformer layer, runs of
+        equal chunks written `(tt|)*n` (megatron-core's `PipelineParallelLayerLayout` syntax)."""
+        last = len(self.chunks) - 1
+        names = [("E" if i == 0 else "") + "t" * n + ("L" if i == last else "")
+                 for i, n in enumerate(self.chunks)]
+        parts = []
+        for name, run in itertools.groupby(names):
+            repeat = len(list(run))
+            parts.append(f"({name}|)*{repeat}," if repeat > 1 else f"{name}|")
+        return "".join(parts).rstrip(",|")
 
 
 _ACCOUNTING = ((True, True), (True, False), (False, True))
@@ -113,9 +181,13 @@ _ACCOUNTING = ((True, True), (True, False), (False, True))
 then the embedding alone (the lighter stage is the first, which holds the most activations)."""
 
 
+@functools.cache
 def pipeline_plan(num_layers: int, pp: int, vpp: int = 1) -> PipelinePlan | None:
     """How Megatron splits `num_layers` over pp stages of vpp chunks, or None when it cannot:
-    evenly, else with the embedding/loss accounted as layers, else with smaller edge stages."""
+    evenly, else with the embedding/loss accounted as layers, else with explicit first and
+    last stages, unless a custom layout (each chunk at least one layer) makes the most loaded
+    stage lighter than unequal edges do (126 layers on pp=16, vpp=3: 21 + 14·6 + 21 with the
+    flags, at most 8 per stage with a layout)."""
     if pp < 1 or vpp < 1 or (vpp > 1 and pp == 1):
         return None
     if num_layers % (pp * vpp) == 0:
@@ -126,10 +198,19 @@ def pipeline_plan(num_layers: int, pp: int, vpp: int = 1) -> PipelinePlan | None
         if counted % pp == 0 and (counted // pp) % vpp == 0:
             per = counted // pp
             return PipelinePlan(per - embedding, per, per - loss, embedding, loss)
-    edge = uneven_edge_layers(num_layers, pp, vpp)
-    if edge is None:
-        return None
-    return PipelinePlan(edge, (num_layers - 2 * edge) // (pp - 2), edge, edge=True)
+    edged = custom = None
+    edges = edge_layers(num_layers, pp, vpp)
+    if edges is not None:
+        first, last = edges
+        middle = (num_layers - first - last) // (pp - 2) if pp > 2 else max(edges)
+        edged = PipelinePlan(first, middle, last, edge=True)
+    chunks = chunk_layers(num_layers, pp, vpp)
+    if chunks is not None:
+        stages = [sum(chunks[stage::pp]) for stage in range(pp)]
+        custom = PipelinePlan(stages[0], max(stages[1:-1] or stages), stages[-1], chunks=chunks)
+    if edged is None or (custom is not None and not edged.settled and custom.most < edged.most):
+        return custom
+    return edged
 
 
 def pipeline_split(cfg: AutotuneConfig, layout: Layout) -> PipelinePlan:
@@ -138,9 +219,8 @@ def pipeline_split(cfg: AutotuneConfig, layout: Layout) -> PipelinePlan:
     plan = pipeline_plan(layers, pp, vpp)
     if plan is None:
         raise AutotuneError(
-            f"megatron: {layers} layers do not split over pp·vpp = {pp}·{vpp}: not evenly, not "
-            "with the embedding/loss counted as layers, not with smaller first/last stages "
-            "(layers_divisible_by_pp_vpp); pick pp and vpp that divide the layers"
+            f"megatron: {layers} layers do not split over pp·vpp = {pp}·{vpp} chunks of at "
+            "least one layer each (layers_divisible_by_pp_vpp); pick pp·vpp <= num_layers"
         )
     return plan
 
@@ -190,7 +270,9 @@ def _parallel_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
         "--context-parallel-size", str(layout.cp),
     ]
     plan = pipeline_split(cfg, layout)
-    if plan.edge:
+    if plan.chunks:  # the layout fixes vpp; arguments.py allows no other pipeline flag with it
+        args += ["--pipeline-model-parallel-layout", plan.layout]
+    elif plan.edge:
         # arguments.py rejects --num-layers-per-virtual-pipeline-stage with uneven stages
         if layout.vpp > 1:
             args += ["--num-virtual-stages-per-pipeline-rank", str(layout.vpp)]
@@ -297,8 +379,9 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
 
     Mirrors `megatron_args` (and Megatron-LM's `core_transformer_config_from_args`): the model's
     architecture (`autotune.frameworks.megatron_model`), tp/pp/vpp/cp/sp, ep/etp and the token
-    dispatcher of MoE models (no grouped GEMM: see the module docstring), uneven first/last
-    stages, precision and recompute. Builds on CPU without torch.distributed. The expert
+    dispatcher of MoE models (no grouped GEMM: see the module docstring), the pipeline plan
+    (explicit first/last stages, accounted embedding/loss or a custom layout), precision and
+    recompute. Builds on CPU without torch.distributed. The expert
     degrees also go to `parallel_state.initialize_model_parallel` (`parallel_state_kwargs`).
     """
     precision = cfg.train.precision
@@ -326,6 +409,8 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
             kwargs.update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
     if precision == "fp8":
         kwargs["fp8"] = "hybrid"
+    if plan.chunks:
+        kwargs["pipeline_model_parallel_layout"] = plan.layout
     if plan.edge:
         kwargs["num_layers_in_first_pipeline_stage"] = plan.first
         kwargs["num_layers_in_last_pipeline_stage"] = plan.last

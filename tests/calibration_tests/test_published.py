@@ -154,7 +154,6 @@ def test_data_files_point_only_upstream() -> None:
 @pytest.mark.parametrize(
     ("row_id", "reason"),
     [
-        ("mbridge_2509_h100_deepseekv3_1024", "breaks rule layers_divisible_by_pp_vpp"),
         ("mbridge_2511_b200_llama38b_8", "no cluster preset for GPU B200"),
         ("tt_a100_l3_8b_sel_layer", "recompute policy"),
         ("tt_a100_l2_70b_sel_op", "recompute policy 'selective-op'"),
@@ -162,10 +161,17 @@ def test_data_files_point_only_upstream() -> None:
 )
 def test_rows_the_model_cannot_express_are_skipped_with_the_reason(row_id, reason) -> None:
     """Oracle: the row's own cells (GPU type, torchtitan's every-2nd-layer and per-op
-    checkpointing, DeepSeek-V3's 61 layers on pp8·vpp4, which the run placed with
-    --pipeline-model-parallel-layout) against what autotune can express."""
+    checkpointing) against what autotune can express."""
     run = published_run(ROWS[row_id])
     assert run.skip and reason in run.skip
+
+
+def test_deepseek_v3_on_its_custom_pipeline_layout_is_expressed() -> None:
+    """Oracle: the row's own cells: Megatron-Bridge ran DeepSeek-V3's 61 layers on pp8·vpp4
+    with --pipeline-model-parallel-layout, so no rule may reject the published layout."""
+    run = published_run(ROWS["mbridge_2509_h100_deepseekv3_1024"])
+    assert (run.skip, run.broken_rule) == (None, None)
+    assert {(lay.pp, lay.vpp) for lay in run.layouts} == {(8, 4)}
 
 
 @pytest.mark.parametrize(("row_id", "total_b", "active_b"), [

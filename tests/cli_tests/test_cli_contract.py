@@ -139,11 +139,13 @@ def test_error_is_one_line_and_quotes_a_shortened_value() -> None:
 
 
 def test_structurally_impossible_layout_is_refused_naming_the_rule() -> None:
-    """Oracle: llama3-405b has 126 layers; pp=16 × vpp=3 = 48 chunks and 126 / 48 is not whole,
-    so Megatron cannot build it (the estimate used to print MFU 617 % and negative memory)."""
-    result = cli("estimate", "-m", "llama3-405b", "-c", "dgx-h100:16", "-l", "tp=8,pp=16,vpp=3",
+    """Oracle: llama3-8b has 32 layers; pp=16 × vpp=3 = 48 chunks would leave chunks without a
+    layer, which no Megatron split (even split, accounted embedding/loss, first/last stage
+    flags, --pipeline-model-parallel-layout) builds (the estimate used to print an MFU of
+    617 % and negative memory for such layouts)."""
+    result = cli("estimate", "-m", "llama3-8b", "-c", "dgx-h100:16", "-l", "tp=2,pp=16,vpp=3",
                  "--json")
-    assert_usage_error(result, "layers_divisible_by_pp_vpp", "num_layers (126)", "16·3")
+    assert_usage_error(result, "layers_divisible_by_pp_vpp", "num_layers (32)", "16·3")
     assert result.out == ""
 
 

@@ -52,6 +52,16 @@ def _uneven(cfg: AutotuneConfig, layout: Layout) -> bool:
     return plan is not None and plan.edge
 
 
+def _first_last_apart(cfg: AutotuneConfig, layout: Layout) -> bool:
+    plan = pipeline_plan(cfg.model.num_layers, layout.pp, layout.vpp)
+    return plan is not None and plan.first != plan.last
+
+
+def _custom(cfg: AutotuneConfig, layout: Layout) -> bool:
+    plan = pipeline_plan(cfg.model.num_layers, layout.pp, layout.vpp)
+    return plan is not None and bool(plan.chunks)
+
+
 def _accounted(cfg: AutotuneConfig, layout: Layout) -> bool:
     plan = pipeline_plan(cfg.model.num_layers, layout.pp, layout.vpp)
     return plan is not None and (plan.account_embedding or plan.account_loss)
@@ -73,6 +83,8 @@ FEATURES: dict[str, Callable[[AutotuneConfig, Layout], bool]] = {
     "full": lambda c, lay: lay.recompute == "full",
     "uneven": _uneven,
     "uneven-vpp": lambda c, lay: _uneven(c, lay) and lay.vpp > 1,
+    "uneven-apart": lambda c, lay: _uneven(c, lay) and _first_last_apart(c, lay),
+    "custom-layout": _custom,
     "accounted": _accounted,
     "accounted-vpp": lambda c, lay: _accounted(c, lay) and lay.vpp > 1,
     "pp-full": lambda c, lay: lay.pp > 1 and lay.recompute == "full",

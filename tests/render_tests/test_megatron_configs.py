@@ -22,6 +22,9 @@ from autotune.workloads.megatron_gpt import build_configs
 
 with warnings.catch_warnings():  # megatron-core warns that Transformer Engine / Apex are absent
     warnings.simplefilter("ignore")
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
     from megatron.core.transformer.transformer_config import TransformerConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -89,7 +92,8 @@ def test_megatron_core_builds_every_feasible_layout(case: Case) -> None:
 def test_flags_mean_the_layout_to_megatron_lm(case: Case) -> None:
     """Oracle: Megatron-LM's reading of its flags (arguments.py, num_microbatches_calculator.py,
     core_transformer_config_from_args at NVIDIA/Megatron-LM d98e8a64): dp = world / (tp·pp·cp),
-    gbs / (mbs·dp) micro-batches, vpp = layers / pp / --num-layers-per-virtual-pipeline-stage,
+    gbs / (mbs·dp) micro-batches, vpp = layers / pp / --num-layers-per-virtual-pipeline-stage
+    or the layout's chunks / pp (PipelineParallelLayerLayout.get_num_stages_from_str),
     --sequence-parallel only with tp > 1, --optimizer-cpu-offload needs
     --use-precision-aware-optimizer, --overlap-param-gather needs --overlap-grad-reduce and a
     sharded optimizer, Megatron-FSDP needs the fsdp_dtensor checkpoint format and no gradient
@@ -109,6 +113,9 @@ def test_flags_mean_the_layout_to_megatron_lm(case: Case) -> None:
     layers = int(args["num_layers"])
     if "num_layers_per_virtual_pipeline_stage" in args:
         vpp = layers // pp // int(args["num_layers_per_virtual_pipeline_stage"])
+    elif "pipeline_model_parallel_layout" in args:
+        layout_text = str(args["pipeline_model_parallel_layout"])
+        vpp = PipelineParallelLayerLayout.get_num_stages_from_str(layout_text) // pp
     else:
         vpp = int(args.get("num_virtual_stages_per_pipeline_rank", 1))
     assert vpp == layout.vpp
@@ -132,6 +139,8 @@ def test_flags_mean_the_layout_to_megatron_lm(case: Case) -> None:
     for name in sorted(set(args) & TRANSFORMER_FIELDS - SCRIPT_ONLY):
         value = getattr(transformer, name)
         flag = moe_freq(str(args[name])) if name == "moe_layer_freq" else args[name]
+        if isinstance(value, PipelineParallelLayerLayout):  # keeps the text it was parsed from
+            value = repr(value)
         assert flag == value if isinstance(value, list) else (
             (flag is True and value is True) or type(value)(flag) == value), name
     for name in FALSE_BY_DEFAULT:

@@ -20,6 +20,7 @@ from render_samples import sample
 
 from autotune import AutotuneError
 from autotune import Layout
+from autotune.constants import constants_for
 from autotune.frameworks import get_framework
 from autotune.frameworks.megatron_args import megatron_args
 from autotune.frameworks.megatron_args import pipeline_plan
@@ -27,10 +28,15 @@ from autotune.frameworks.megatron_args import transformer_config_kwargs
 from autotune.frameworks.megatron_model import transformer_config_class
 from autotune.render import megatron_launch_script
 from autotune.render import render_artifacts
+from autotune.rules import violations
 from autotune.specs import AutotuneConfig
 
 with warnings.catch_warnings():  # megatron-core warns that Transformer Engine / Apex are absent
     warnings.simplefilter("ignore")
+    from megatron.core import parallel_state
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -137,17 +143,34 @@ def test_sample_covers_every_megatron_feature() -> None:
     covered = {name for name, check in FEATURES.items()
                if any(check(case.cfg, case.layout) for case in cases)}
     wanted = {"zero0", "zero1", "zero2", "zero3", "offload-optimizer", "tp", "pp", "vpp", "cp",
-              "sp", "selective", "full", "accounted", "accounted-vpp", "fsdp-tp", "moe", "ep",
-              "etp", "ep-pp", "ep-cp", "ep-beyond-dp", "ep-fsdp"}
+              "sp", "selective", "full", "accounted", "accounted-vpp", "uneven-apart",
+              "custom-layout", "fsdp-tp", "moe", "ep", "etp", "ep-pp", "ep-cp", "ep-beyond-dp",
+              "ep-fsdp"}
     assert wanted <= covered
+
+
+def _megatron_chunk_layers(config: TransformerConfig) -> list[list[int]]:
+    """Transformer layers megatron-core builds in each model chunk, [pp rank][virtual stage]
+    (`get_num_layers_to_build`; a custom layout reads the rank from parallel_state, set here
+    as a run sets it)."""
+    pp = config.pipeline_model_parallel_size
+    vpp = config.virtual_pipeline_model_parallel_size or 1
+    parallel_state.set_virtual_pipeline_model_parallel_world_size(vpp if vpp > 1 else None)
+    try:
+        chunks = []
+        for rank in range(pp):
+            parallel_state.set_pipeline_model_parallel_rank(rank)
+            chunks.append([get_num_layers_to_build(config, vp_stage=v if vpp > 1 else None,
+                                                   pp_rank=rank) for v in range(vpp)])
+        return chunks
+    finally:
+        parallel_state.set_pipeline_model_parallel_rank(None)
+        parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
 
 
 def _megatron_stage_layers(kwargs: dict) -> list[int]:
     """Transformer layers megatron-core builds on each pipeline rank (all its virtual stages)."""
-    config = TransformerConfig(**kwargs)
-    vpp = config.virtual_pipeline_model_parallel_size or 1
-    return [sum(get_num_layers_to_build(config, vp_stage=v if vpp > 1 else None, pp_rank=r)
-                for v in range(vpp)) for r in range(config.pipeline_model_parallel_size)]
+    return [sum(chunks) for chunks in _megatron_chunk_layers(TransformerConfig(**kwargs))]
 
 
 @pytest.mark.parametrize(("pp", "vpp"), [(16, 1), (16, 2), (8, 2), (16, 8)])
@@ -172,22 +195,106 @@ def test_llama3_405b_counts_embedding_and_loss_as_layers(pp: int, vpp: int) -> N
     assert sum(stages) == 126
 
 
+def _config(layers: int, pp: int, vpp: int, **split: object) -> TransformerConfig:
+    return TransformerConfig(num_layers=layers, hidden_size=64, num_attention_heads=4,
+                             pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
+                             virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+                             **split)
+
+
+def _flag_splits(layers: int, pp: int, vpp: int) -> set[tuple[int, ...]]:
+    """Layers per pipeline stage of every split Megatron's split flags give (none, the
+    embedding/loss accounted, any first and/or last stage count), as megatron-core accepts
+    and builds them: TransformerConfig's checks, then non-negative counts in every chunk that
+    add up to the layers."""
+    counts = (None, *range(1, layers + 1))
+    options: list[dict[str, object]] = [{}]
+    options += [{"account_for_embedding_in_pipeline_split": embedding,
+                 "account_for_loss_in_pipeline_split": loss}
+                for embedding, loss in ((True, False), (False, True), (True, True))]
+    options += [{"num_layers_in_first_pipeline_stage": first,
+                 "num_layers_in_last_pipeline_stage": last}
+                for first in counts for last in counts if (first, last) != (None, None)]
+    splits = set()
+    for option in options:
+        try:
+            chunks = _megatron_chunk_layers(_config(layers, pp, vpp, **option))
+        except (ValueError, AssertionError):
+            continue
+        if min(map(min, chunks)) >= 0 and sum(map(sum, chunks)) == layers:
+            splits.add(tuple(sum(stage) for stage in chunks))
+    return splits
+
+
 @settings(max_examples=300, deadline=None)
 @given(layers=st.integers(2, 130), pp=st.integers(2, 24), vpp=st.integers(1, 6))
 def test_pipeline_plan_matches_megatron_core(layers: int, pp: int, vpp: int) -> None:
     """Oracle: megatron-core's TransformerConfig validation and `get_num_layers_to_build`: for
-    every split autotune accepts (even, embedding/loss accounted, smaller edge stages), Megatron
-    builds exactly the layers autotune counts on the first, middle and last stage."""
+    every split autotune accepts (even, embedding/loss accounted, explicit first/last stages, a
+    custom layout), Megatron builds exactly the layers autotune counts on the first, the most
+    loaded middle and the last stage; a custom layout gives every chunk q or q+1 layers."""
     plan = pipeline_plan(layers, pp, vpp)
     if plan is None:
         return
     cfg = problem("tiny-gpt", "local", "megatron", None)
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"num_layers": layers})})
     layout = Layout(pp=pp, vpp=vpp, dp=1, gas=pp)
-    stages = _megatron_stage_layers(transformer_config_kwargs(cfg, layout))
+    chunks = _megatron_chunk_layers(TransformerConfig(**transformer_config_kwargs(cfg, layout)))
+    stages = [sum(stage) for stage in chunks]
     assert (stages[0], stages[-1]) == (plan.first, plan.last)
-    assert all(count == plan.middle for count in stages[1:-1])
+    if pp > 2:
+        assert max(stages[1:-1]) == plan.middle
     assert sum(stages) == layers
+    if plan.chunks:
+        assert max(map(max, chunks)) - min(map(min, chunks)) == 1 <= min(map(min, chunks))
+
+
+@settings(max_examples=150, deadline=None)
+@given(layers=st.integers(1, 36), pp=st.integers(2, 8), vpp=st.integers(1, 4))
+def test_pipeline_plan_rejects_only_what_megatron_cannot_split(
+    layers: int, pp: int, vpp: int
+) -> None:
+    """Oracle: every split megatron-core accepts from the split flags, enumerated
+    (`_flag_splits`). autotune rejects exactly when no flag splits the layers and a custom layout
+    cannot give each of the pp·vpp chunks a layer; its flag plan is one megatron-core builds;
+    it writes a layout only where every flag split loads some stage more heavily."""
+    plan = pipeline_plan(layers, pp, vpp)
+    splits = _flag_splits(layers, pp, vpp)
+    assert (plan is None) == (not splits and layers < pp * vpp)
+    if plan is None:
+        return
+    if plan.chunks:
+        assert all(max(split) > plan.most for split in splits)
+    else:
+        assert any((split[0], split[-1]) == (plan.first, plan.last)
+                   and (pp == 2 or max(split[1:-1]) == plan.middle) for split in splits)
+
+
+def test_deepseek_v3_runs_on_a_custom_layout() -> None:
+    """Oracle: megatron-core's `PipelineParallelLayerLayout` and `get_num_layers_to_build`
+    (MLATransformerConfig), and Megatron-LM's arguments.py (the layout excludes the other
+    virtual-stage flags). DeepSeek-V3's 61 layers on pp 8 x vpp 4, as Megatron-Bridge ran it
+    (published_runs.csv mbridge_2509_h100_deepseekv3_1024): no split flag fits (explicit
+    stages need multiples of 4 layers; 62 and 63 accounted layers are no multiples of 32), so
+    the layout gives 29 chunks 2 layers and 3 chunks 1, worked out by hand: 7 layers on the
+    first and the last stage, at most 8 elsewhere."""
+    cfg = problem("deepseek-v3", "dgx-h100:1024", "megatron", None)
+    layout = Layout(tp=2, pp=8, dp=64, vpp=4, zero=1, ep=64, etp=1, sp=True, gas=240)
+    assert violations(cfg, layout, constants_for(cfg.cluster.gpu), memory=False) == []
+    flags = flag_values(megatron_args(cfg, layout))
+    text = flags["--pipeline-model-parallel-layout"][0]
+    excluded = {"--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
+                "--num-layers-per-virtual-pipeline-stage",
+                "--account-for-embedding-in-pipeline-split"}
+    assert not excluded & set(flags)
+    parsed = PipelineParallelLayerLayout(text, 8)
+    assert parsed.virtual_pipeline_model_parallel_size == 4
+    config = transformer_config_class(cfg.model)(**transformer_config_kwargs(cfg, layout))
+    chunks = _megatron_chunk_layers(config)
+    assert sorted(sum(chunks, [])) == [1] * 3 + [2] * 29
+    assert [sum(stage) for stage in chunks] == [7, 8, 8, 8, 8, 8, 7, 7]
+    split = get_framework("megatron").split_layers(cfg, np.array([8]), np.array([4]))
+    assert (split.first[0], split.middle[0], split.last[0]) == (7, 8, 7)
 
 
 def test_uneven_with_virtual_stages_uses_stages_per_rank() -> None:
@@ -212,11 +319,13 @@ def test_even_virtual_stages() -> None:
     ("layout", "rule"),
     [(Layout(dp=8, zero=3, offload="optimizer+params", gas=64), "megatron_no_param_offload"),
      (Layout(dp=8, zero=2, offload="optimizer", gas=64), "offload_needs_distributed_optimizer"),
-     (Layout(dp=4, pp=2, vpp=3, zero=1, gas=128), "layers_divisible_by_pp_vpp")],
+     (Layout(dp=2, pp=4, vpp=9, zero=1, gas=128), "layers_divisible_by_pp_vpp")],
     ids=["param-offload", "offload-without-distributed-optimizer", "layers-do-not-split"],
 )
 def test_unrepresentable_layouts_raise(layout: Layout, rule: str) -> None:
-    """Oracle: Megatron-LM's arguments.py refuses each (see the rule's reason)."""
+    """Oracle: Megatron-LM's arguments.py refuses the offloads (see the rules' reasons); 32
+    layers cannot give each of 4·9 = 36 chunks a layer, and no split flag fits them (worked
+    out by hand: 32 is no multiple of 9, 33 and 34 no multiples of 36)."""
     cfg = problem("llama3-8b", "dgx-h100:1", "megatron", None)
     with pytest.raises(AutotuneError, match=rule):
         render_artifacts(cfg, layout)

@@ -10,6 +10,7 @@ import os
 import re
 import stat
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,13 @@ from autotune.render import deepspeed_launch_script
 from autotune.render import megatron_launch_script
 from autotune.render import sbatch_script
 from autotune.render import write_artifacts
+
+with warnings.catch_warnings():  # megatron-core warns that Transformer Engine / Apex are absent
+    warnings.simplefilter("ignore")
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
 
 EVIL = "evil name $(touch pwned) `touch pwned`; touch pwned 'q' \"d\" \\ * ~ #"
 """A value that runs `touch pwned` wherever a shell evaluates it unquoted."""
@@ -169,6 +177,27 @@ def test_training_script_needs_data_and_trial_script_defaults_to_mock(
         "--eval-iters", "0", "--mock-data", "--tokenizer-type", "NullTokenizer",
         "--vocab-size", str(cfg.model.vocab_size),
     ]
+
+
+def test_pipeline_layout_reaches_torchrun_as_one_argument(fakes, tmp_path: Path) -> None:
+    """Oracle: the argv the recording torchrun receives when bash runs pretrain_gpt.sh, read by
+    megatron-core's PipelineParallelLayerLayout: DeepSeek-V3's custom layout on pp 8 x vpp 4
+    (`|`, `(`, `)` and `*` in it) arrives whole, 32 chunks holding the 61 layers."""
+    cfg = problem("deepseek-v3", "dgx-h100:1024", "megatron", None)
+    layout = Layout(tp=2, pp=8, dp=64, vpp=4, zero=1, ep=64, etp=1, sp=True, gas=240)
+    checkout = tmp_path / "Megatron-LM"
+    checkout.mkdir()
+    (checkout / "pretrain_gpt.py").write_text("")
+    script = tmp_path / "pretrain_gpt.sh"
+    script.write_text(megatron_launch_script(cfg, layout, megatron_lm=str(checkout), trial=True))
+    env = {**fakes, "NODE_RANK": "0", "MASTER_ADDR": "head"}
+    result = run(script, env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    argv = recorded(env, "torchrun")
+    parsed = PipelineParallelLayerLayout(argv[argv.index("--pipeline-model-parallel-layout") + 1],
+                                         8)
+    assert parsed.virtual_pipeline_model_parallel_size == 4
+    assert parsed.flatten_layout.count(LayerType.decoder) == 61
 
 
 def test_pretrain_script_rejects_wrong_world_size(megatron_setup, fakes, tmp_path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from autotune.constants import Constants
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
-from autotune.frameworks.megatron_args import uneven_edge_layers
+from autotune.frameworks.megatron_args import edge_layers
 from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
@@ -41,7 +41,7 @@ def test_every_rule_has_a_reason() -> None:
     ("preset", "cluster", "framework", "text", "rule"),
     [
         ("gpt3-13b", "dgx-a100:2", "megatron", "tp=16", "tp_within_node"),
-        ("gpt3-13b", "dgx-a100:4", "megatron", "tp=8,pp=4,vpp=3", "layers_divisible_by_pp_vpp"),
+        ("gpt3-13b", "dgx-a100:4", "megatron", "tp=8,pp=4,vpp=11", "layers_divisible_by_pp_vpp"),
         ("llama2-7b", "dgx-a100:1", "megatron", "vpp=2", "vpp_needs_pp"),
         ("llama2-7b", "dgx-a100:1", "megatron", "tp=1,sp=on", "sp_needs_tp"),
         ("llama2-7b", "dgx-a100:1", "megatron", "zero=0,offload=optimizer", "offload_needs_zero"),
@@ -101,14 +101,16 @@ def test_llama3_405b_uneven_pipeline_is_legal() -> None:
     """Oracle: the Llama 3 paper (Dubey et al. 2024, section 3.3.2: one layer fewer on the first
     and last stage): 126 layers on pp=16 as 7 + 14·8 + 7, worked out by hand; with the embedding
     and the loss counted as layers (Megatron's --account-for-*-in-pipeline-split) 128 = 16·8 also
-    interleaves by 2, 4 or 8 (Megatron-Bridge's 405B recipe: pp 8, vpp 2); no split over 16·3
-    virtual chunks exists."""
-    assert uneven_edge_layers(126, 16) == 7
+    interleaves by 2, 4 or 8 (Megatron-Bridge's 405B recipe: pp 8, vpp 2); 16·3 = 48 chunks take
+    2 or 3 layers each in a custom layout; 16·9 = 144 chunks cannot each hold one of 126 layers,
+    127 and 128 are no multiples of 144, and explicit stages of multiples of 9 layers need
+    at least 144."""
+    assert edge_layers(126, 16) == (7, 7)
     cfg = load_config("llama3-405b", "dgx-h100:2048")
     for text in ("tp=8,pp=16,cp=1,zero=1", "tp=8,pp=16,vpp=2,cp=1,zero=1",
-                 "tp=8,pp=8,vpp=2,cp=4,zero=1"):
+                 "tp=8,pp=8,vpp=2,cp=4,zero=1", "tp=8,pp=16,vpp=3,cp=1,zero=1"):
         assert "layers_divisible_by_pp_vpp" not in _broken(cfg, text)
-    assert "layers_divisible_by_pp_vpp" in _broken(cfg, "tp=8,pp=16,vpp=3,cp=1,zero=1")
+    assert "layers_divisible_by_pp_vpp" in _broken(cfg, "tp=8,pp=16,vpp=9,cp=1,zero=1")
 
 
 def test_batch_and_sequence_rules_on_raw_layouts() -> None:
