@@ -38,7 +38,7 @@ def _trials(out: Path, *, live: bool = False) -> list[optuna.trial.FrozenTrial]:
         if not names:
             return []
         return optuna.load_study(study_name=names[0], storage=storage).get_trials(deepcopy=False)
-    except sqlalchemy.exc.SQLAlchemyError:
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError):
         if live:
             return []
         raise
