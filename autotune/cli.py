@@ -41,7 +41,6 @@ from autotune.exceptions import AutotuneError
 from autotune.inputs import validation_message
 from autotune.inputs import validation_problems
 from autotune.memory import GIB
-from autotune.report.data import figure_label
 from autotune.run import Problem
 from autotune.run import RunConfig
 from autotune.run import ScaleSettings
@@ -50,6 +49,7 @@ from autotune.run import check_layout
 from autotune.run import prepare_out
 from autotune.run import resume_command
 from autotune.runners.factory import RunnerSettings
+from autotune.runners.factory import figure_label
 from autotune.space import enumerate_layouts
 from autotune.space import load_space
 from autotune.space import no_feasible_message
@@ -564,15 +564,18 @@ def tune(
                 console.print(outcome.refit.table())
             if outcome.scaled is not None:
                 console.print(_scaling_table(outcome.scaled))
+            dashboard = ("" if result.storage == "memory"
+                         else f"\nopen the study with: optuna-dashboard {result.storage}")
             console.print(
                 f"best configs: [bold]{result.artifacts.get('best')}[/] "
                 f"(runners-up under {result.out_dir / 'top'})\n"
-                f"report: {outcome.reports['report.html']}\n"
-                f"open the study with: optuna-dashboard {result.storage}"
+                f"report: {outcome.reports['report.html']}{dashboard}"
             )
     if not outcome.ok:
+        dashboard = ("" if result.storage == "memory"
+                     else f" or with optuna-dashboard {result.storage}")
         _failed(f"no trial measured a throughput; see the reasons in "
-                f"{outcome.reports['report.md']} or with optuna-dashboard {result.storage}")
+                f"{outcome.reports['report.md']}{dashboard}")
 
 
 @app.command()

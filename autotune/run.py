@@ -354,7 +354,7 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
         best = Layout(**result.ranked[0]["layout_fields"])
         gpus = default_gpus(cfg, best, config.scale.gpus)
         scaled = sweep(cfg, best, gpus, config.scale.mode, runner, out)
-    reports = write_report(out)
+    reports = write_report(out, records=result.records, config=cfg.model_dump(mode="json"))
     refit = None
     if config.runner.name != "simulate":
         refit = refit_study(cfg, result.records, space=space)

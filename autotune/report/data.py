@@ -28,6 +28,7 @@ from autotune.exceptions import AutotuneError
 from autotune.inputs import validation_message
 from autotune.layout import Layout
 from autotune.memory import GIB
+from autotune.runners.factory import figure_label
 from autotune.scaling import SCALING_JSON
 from autotune.scaling import ScalingPoint
 from autotune.specs import AutotuneConfig
@@ -45,12 +46,6 @@ TRIAL_COLUMNS = (
     "duplicate_of", "warm_start",
 )
 """Columns of trials.csv, in order (stable; empty cells where a trial has no value)."""
-
-
-def figure_label(runner: str | None) -> str:
-    """What a runner's figures are: "simulated" for the simulate runner (the analytic model,
-    perturbed), else "measured"."""
-    return "simulated" if runner == "simulate" else "measured"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,8 +229,11 @@ def _read_json(path: Path, schema: type[BaseModel]) -> dict[str, Any]:
     return value
 
 
-def load_run(directory: str | Path) -> RunData:
-    """Read a tune and/or scale output folder.
+def load_run(directory: str | Path, records: list[dict[str, Any]] | None = None,
+             config: dict[str, Any] | None = None) -> RunData:
+    """Read a tune and/or scale output folder (`records` and `config`: the study's trials and
+    inputs as the tuner that just ran holds them, so the study is not read back; an in-memory
+    study cannot be).
 
     Raises:
         AutotuneError: when the folder holds neither a study nor scaling.json, or when run.json
@@ -254,14 +252,16 @@ def load_run(directory: str | Path) -> RunData:
     scaling = None
     if (folder / SCALING_JSON).is_file():
         scaling = _read_json(folder / SCALING_JSON, _ScalingDoc)
-    config: dict[str, Any] | None = None
-    records: list[dict[str, Any]] = []
     name = info.get("study_name")
-    if url is not None:
+    if records is not None:
+        records = sorted(records, key=lambda r: r["number"])
+    elif url is not None:
         study = _load_study(_resolve_storage(url, folder), name)
         name = study.study_name
         records = sorted(trial_records(study), key=lambda r: r["number"])
         config = (study.user_attrs.get(INPUTS_ATTR) or {}).get("config")
+    else:
+        records = []
     if config is None and scaling is not None:
         config = scaling["inputs"]
     if config is None:

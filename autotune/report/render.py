@@ -53,7 +53,7 @@ PLOT_CAPTIONS = {
     "outcomes": "How many trials ended in each outcome.",
 }
 """Every plot a report can hold (file plots/NAME.svg), with its caption ({label}: measured or
-simulated, `autotune.report.data.figure_label`)."""
+simulated, `autotune.runners.factory.figure_label`)."""
 FIGURES_NOTE = {
     "measured": "Measured figures come from the runner, predicted ones from autotune's memory "
                 "and step-time model; error = (predicted − measured) / measured throughput.",
@@ -470,13 +470,16 @@ def report_context(run: data.RunData, summary: dict[str, Any], svgs: dict[str, s
 
 
 def write_report(directory: str | Path, out_dir: str | Path | None = None,
-                 top_k: int | None = None) -> dict[str, Path]:
+                 top_k: int | None = None, records: list[dict[str, Any]] | None = None,
+                 config: dict[str, Any] | None = None) -> dict[str, Path]:
     """Regenerate the report of a tune and/or scale output folder.
 
     Args:
         directory: The folder `autotune tune` or `autotune scale` wrote.
         out_dir: Where to write (default: `directory`).
         top_k: Runners-up to show after the winner (default: run.json's options.top_k, else 5).
+        records: The study's trial records, when the caller holds them (`data.load_run`).
+        config: The study's inputs, with `records`.
 
     Returns:
         File name → path: report.md, report.html, summary.json, trials.csv (with a study)
@@ -485,7 +488,7 @@ def write_report(directory: str | Path, out_dir: str | Path | None = None,
     Raises:
         AutotuneError: when the folder holds neither a study nor scaling.json.
     """
-    run = data.load_run(directory)
+    run = data.load_run(directory, records, config)
     if top_k is None:
         top_k = int((run.run_info.get("options") or {}).get("top_k", 5))
     out = Path(out_dir) if out_dir is not None else run.directory

@@ -19,6 +19,12 @@ from autotune.specs import Seed
 from autotune.specs import at_most
 
 RUNNERS = ("simulate", "command", "local", "slurm")
+
+
+def figure_label(runner: str | None) -> str:
+    """What a runner's figures are: "simulated" for the simulate runner (the analytic model,
+    perturbed), else "measured"."""
+    return "simulated" if runner == "simulate" else "measured"
 """Runner names, as `--runner` takes them."""
 
 

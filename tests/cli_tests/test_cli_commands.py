@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -205,3 +207,25 @@ def test_tune_local_runner_trains_for_real(tmp_path) -> None:
     assert data["best"]["status"] == "ok" and data["best"]["measured_tokens_per_s"] > 0
     trial_dir = Path(data["best"]["trial_dir"])
     assert (trial_dir / "metrics.jsonl").exists() and (trial_dir / "ds_config.json").exists()
+
+
+def test_the_cli_imports_no_plotting_library() -> None:
+    """Oracle: a fresh Python process's sys.modules. `space` and `estimate` draw nothing, so
+    importing the CLI must not pay for matplotlib (the report package loads it lazily)."""
+    probe = "import sys, autotune.cli; print('matplotlib' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parents[2])
+    assert done.stdout.strip() == "False"
+
+
+def test_tune_with_an_in_memory_study_writes_its_report(tmp_path) -> None:
+    """Oracle: the files on disk and a count by hand. An in-memory Optuna study is gone once
+    tune returns; the report used to read it back and failed after every trial had run
+    (`report: no study ... in memory`). Three trials give trials.csv a header and three rows;
+    there is no study to open with optuna-dashboard."""
+    out = tmp_path / "run"
+    code, text, err = _invoke(["tune", "-m", "tiny-gpt", "-c", "dgx-h100:1", "--trials", "3",
+                               "--storage", "memory", "--out", str(out)])
+    assert code == 0, text + err
+    assert len((out / "trials.csv").read_text().splitlines()) == 4
+    assert (out / "report.html").is_file() and "optuna-dashboard" not in text
