@@ -281,16 +281,12 @@ def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     )
 
 
-def moe_share(model: ModelSpec) -> float:
-    """Fraction of the layers whose MLP is a Mixture of Experts (0 for a dense model)."""
-    return sum(model.moe_layer_pattern) / model.num_layers
-
 
 def mean_layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> LayerTimes:
     """The mean layer of a stage: dense and MoE layers in the model's proportion (a pipeline
     stage is charged its layer count times this mean)."""
     dense = layer_times(cfg, t, k)
-    share = moe_share(cfg.model)
+    share = cfg.model.moe_layer_share
     if share == 0:
         return dense
     moe = layer_times(cfg, t, k, moe=True)

@@ -28,7 +28,6 @@ import numpy as np
 
 from autotune.constants import Constants
 from autotune.frameworks import framework_of
-from autotune.kernels import moe_share
 from autotune.kernels import routed_tokens
 from autotune.layout import LayoutTable
 from autotune.sharding import expert_data_parallel
@@ -108,7 +107,7 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[s
     and `stage` (0 first, 1 middle, 2 last: which stage was the most loaded).
     """
     m = cfg.model
-    share = moe_share(m)
+    share = m.moe_layer_share
     per_layer = layer_activation_bytes(cfg, t, k)
     if share:
         per_layer = (1 - share) * per_layer + share * layer_activation_bytes(cfg, t, k, moe=True)
@@ -126,7 +125,7 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[s
         output = np.full(len(t), stage.output)
         params = params_on_rank(m, t, vocab, stage.layers, embedding, output,
                                 experts=False)
-        states = framework.state_bytes(cfg, t, params, gathered)
+        states = framework.state_bytes(cfg, t, params, gathered, shard=t.shard_degree)
         if share:
             experts = expert_params_on_rank(m, t, stage.layers)
             expert_states = framework.state_bytes(cfg, t, experts, 0 * gathered,

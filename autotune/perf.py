@@ -50,7 +50,6 @@ from autotune.expert_dispatch import dispatch_bytes
 from autotune.frameworks import framework_of
 from autotune.kernels import head_times
 from autotune.kernels import mean_layer_times
-from autotune.kernels import moe_share
 from autotune.kernels import routed_tokens
 from autotune.layout import LayoutTable
 from autotune.sharding import expert_data_parallel
@@ -214,7 +213,7 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     layer = mean_layer_times(cfg, t, k)
     tp_layer = _tp_layer_s(cfg, t, layer.linear_forward, layer.column_backward, k)
     cp_layer = _cp_layer_s(cfg, t, layer.attention_forward, k)
-    share = moe_share(m)
+    share = m.moe_layer_share
     ep_layer = share * _ep_layer_s(cfg, t, k) if share else np.zeros(len(t))
     if share and cfg.train.moe_a2a_overlap:
         # EP A2A overlap: one micro-batch's expert traffic under another's forward and backward

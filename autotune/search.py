@@ -376,7 +376,8 @@ def tune(
         recovered = recover_interrupted(study)
         if recovered:
             log.info("re-enqueued %d trial(s) left running by an interrupted worker", recovered)
-    stop = _StopAfter(options.trials, sampler.remaining, cap=options.trials * 20 + 4)
+    stop = _StopAfter(options.trials, sampler.remaining,
+                      cap=options.trials * 20 + options.warm_start)
     callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = [stop]
     if on_trial is not None:
         callbacks.append(on_trial)

@@ -29,7 +29,7 @@ def _mean_layer(model: ModelSpec) -> tuple[float, float, float]:
     moe = counts.moe_layer
     if moe is None:
         return model.layer_params() - norms, norms, 0.0
-    share = counts.moe_layers / model.num_layers
+    share = model.moe_layer_share
     experts = share * moe.experts * moe.expert
     replicated = norms + share * moe.router
     return counts.layers_total / model.num_layers - experts - replicated, replicated, experts

@@ -366,6 +366,11 @@ class ModelSpec(BaseModel):
             for i in range(self.num_layers)
         )
 
+    @property
+    def moe_layer_share(self) -> float:
+        """Fraction of the layers whose MLP is a Mixture of Experts (0 for a dense model)."""
+        return sum(self.moe_layer_pattern) / self.num_layers
+
     def param_counts(self, vocab: int | None = None) -> ParamCounts:
         """Weights by part and layer kind (vocab: a padded vocabulary to count instead)."""
         return count_params(self, vocab)
@@ -544,7 +549,7 @@ class TrainSpec(BaseModel):
     """Megatron's EP all-to-all overlap (`--overlap-moe-expert-parallel-comm
     --delay-wgrad-compute`, off by default): a micro-batch's dispatch and combine run under
     another's forward and backward, on the layouts that allow it
-    (`autotune.expert_dispatch.a2a_overlap_applies`)."""
+    (`autotune.expert_dispatch.a2a_overlap_runs`)."""
 
     @model_validator(mode="after")
     def _check_moe_comm(self) -> TrainSpec:

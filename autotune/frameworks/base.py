@@ -83,7 +83,6 @@ class StageSplit:
     first: IntArray
     middle: IntArray
     last: IntArray
-    uneven: BoolArray
     legal: BoolArray
     heaviest_chunk: IntArray | None = None
     """Layers of the heaviest model chunk (virtual stage) where chunks differ within a stage
@@ -191,13 +190,13 @@ class Framework(abc.ABC):
     @abc.abstractmethod
     def state_bytes(
         self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray,
-        shard: np.ndarray | None = None,
+        shard: np.ndarray,
     ) -> dict[str, np.ndarray]:
         """GPU bytes of `weights`, `gradients`, `optimizer` and offloaded `host` bytes of one
         rank that holds `params` parameters (before sharding) and gathers `gathered` at once.
 
         `shard` is the degree ZeRO shards these states over: dp·cp (`t.shard_degree`) for dense
-        parameters when None, the expert data-parallel degree for routed experts."""
+        parameters, the expert data-parallel degree for routed experts."""
 
     def buffer_bytes(self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> np.ndarray:
         """Communication buffers the framework allocates beyond the model states."""

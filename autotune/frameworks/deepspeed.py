@@ -197,17 +197,16 @@ class DeepSpeed(Framework):
         num_layers = cfg.model.num_layers
         legal = pp <= num_layers
         heavy = np.where(legal, -(-num_layers // pp), 0).astype(np.int64)
-        return StageSplit(first=heavy, middle=heavy.copy(), last=heavy.copy(),
-                          uneven=np.zeros(len(pp), dtype=bool), legal=legal)
+        return StageSplit(first=heavy, middle=heavy.copy(), last=heavy.copy(), legal=legal)
 
     def state_bytes(
         self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray,
-        shard: np.ndarray | None = None,
+        shard: np.ndarray,
     ) -> dict[str, np.ndarray]:
         """16-bit weights; 16-bit grads + fp32 grad partition; fp32 master + Adam m, v (12 B),
         sharded over dp·cp (experts: edp, DeepSpeed's expert data-parallel group) by ZeRO; CPU
         offload moves the optimizer (and ZeRO-3 parameters)."""
-        n, z, off = (t.shard_degree if shard is None else shard), t.zero, t.offload
+        n, z, off = shard, t.zero, t.offload
         weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
         grads = np.select(
             [z == 0, z == 1, z == 2],

@@ -160,7 +160,6 @@ class Megatron(Framework):
         most loaded middle stage)."""
         n = pp.shape[0]
         first, middle, last = (np.zeros(n, dtype=np.int64) for _ in range(3))
-        uneven = np.zeros(n, dtype=bool)
         legal = np.zeros(n, dtype=bool)
         heaviest = np.zeros(n, dtype=np.int64)
         width = int(vpp.max(initial=0)) + 1
@@ -172,20 +171,19 @@ class Megatron(Framework):
                 continue
             rows = keys == key
             first[rows], middle[rows], last[rows] = plan.first, plan.middle, plan.last
-            uneven[rows] = plan.first != plan.middle or plan.last != plan.middle
             legal[rows] = True
             heaviest[rows] = max(plan.chunks) if plan.chunks else -(-plan.most // v)
-        return StageSplit(first=first, middle=middle, last=last, uneven=uneven, legal=legal,
+        return StageSplit(first=first, middle=middle, last=last, legal=legal,
                           heaviest_chunk=heaviest)
 
     def state_bytes(
         self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray,
-        shard: np.ndarray | None = None,
+        shard: np.ndarray,
     ) -> dict[str, np.ndarray]:
         """16-bit weights, fp32 main gradients (4 B), fp32 master + Adam moments (12 B);
         sharded over dp·cp (experts: edp) by the distributed optimizer (zero 1) or Megatron-FSDP
         (2, 3)."""
-        n, z = (t.shard_degree if shard is None else shard), t.zero
+        n, z = shard, t.zero
         weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
         grads = np.where(z >= 2, 4 * params / n + 4 * (z >= 3) * gathered, 4 * params)
         optimizer = np.where(z >= 1, 12 * params / n, 12 * params)

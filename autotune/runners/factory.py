@@ -105,6 +105,9 @@ def make_runner(options: RunnerSettings, resume: bool = False) -> Runner:
     if slurm and name != "slurm":
         flags = ", ".join("--" + k.replace("_", "-") for k in slurm)
         raise AutotuneError(f"{flags}: only for --runner slurm (got --runner {name})")
+    if name in ("local", "slurm") and options.steps < 2:
+        raise AutotuneError(f"--steps: {options.steps} leaves no step after warm-up; use >= 2")
+    warmup = min(2, options.steps - 1)
     if name == "simulate":
         from autotune.runners.simulate import SimulateRunner
 
@@ -119,21 +122,17 @@ def make_runner(options: RunnerSettings, resume: bool = False) -> Runner:
     if name == "local":
         from autotune.runners.local import LocalRunner
 
-        if options.steps < 2:
-            raise AutotuneError(f"--steps: {options.steps} leaves no step after warm-up; use >= 2")
-        return LocalRunner(steps=options.steps, warmup=min(2, options.steps - 1),
+        return LocalRunner(steps=options.steps, warmup=warmup,
                            timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
                            launcher=options.launcher, megatron_lm=options.megatron_lm)
     if name == "slurm":
         from autotune.runners.slurm import SlurmRunner
         from autotune.runners.slurm_client import parse_slurm_opts
 
-        if options.steps < 2:
-            raise AutotuneError(f"--steps: {options.steps} leaves no step after warm-up; use >= 2")
         return SlurmRunner(partition=options.partition, account=options.account,
                            time_limit=options.time_limit,
                            options=parse_slurm_opts(options.slurm_opts),
                            timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
-                           steps=options.steps, warmup=min(2, options.steps - 1),
+                           steps=options.steps, warmup=warmup,
                            megatron_lm=options.megatron_lm, reattach=resume)
     raise AutotuneError(f"--runner: {name!r} must be one of {', '.join(RUNNERS)}")

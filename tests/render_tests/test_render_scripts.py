@@ -154,6 +154,11 @@ def test_pretrain_script_passes_exact_flags(megatron_setup, fakes, tmp_path: Pat
         "--save-interval", "1000", "--exit-interval", "5",
     ]
     assert not (tmp_path / "pwned").exists()
+    # both set: TRAIN_ITERS wins, as in launch_deepspeed.sh
+    env["TRAIN_ITERS"] = "12"
+    assert run(script, env, cwd=tmp_path).returncode == 0
+    argv = recorded(env, "torchrun")
+    assert argv[argv.index("--train-iters") + 1] == "12"
 
 
 def test_training_script_needs_data_and_trial_script_defaults_to_mock(
