@@ -75,6 +75,20 @@ class TuneOptions:
     """Runs per layout (> 1 averages noise); a layout that failed never runs again."""
 
 
+def rank_trials(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Layouts that measured a throughput, fastest first (ties by trial number): one record
+    per layout, the first that ran it, with `measured_tokens_per_s` the mean over its ok runs
+    and `runs` their count (`--repeat` averages noise out this way)."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(records, key=lambda r: r["number"]):
+        if r.get("status") == "ok" and r.get("measured_tokens_per_s"):
+            runs.setdefault(str(r.get("layout_id") or f"trial {r['number']}"), []).append(r)
+    ranked = [{**same[0], "runs": len(same),
+               "measured_tokens_per_s": sum(r["measured_tokens_per_s"] for r in same) / len(same)}
+              for same in runs.values()]
+    return sorted(ranked, key=lambda r: (-r["measured_tokens_per_s"], r["number"]))
+
+
 @dataclasses.dataclass(frozen=True)
 class TuneResult:
     """The finished study: where it lives and its trials as plain records (best first)."""
@@ -87,11 +101,8 @@ class TuneResult:
 
     @property
     def ranked(self) -> list[dict[str, Any]]:
-        """Trials that measured a throughput, fastest first."""
-        ok = [
-            r for r in self.records if r.get("status") == "ok" and r.get("measured_tokens_per_s")
-        ]
-        return sorted(ok, key=lambda r: -r["measured_tokens_per_s"])
+        """Layouts that measured a throughput, fastest first (`rank_trials`)."""
+        return rank_trials(self.records)
 
 
 def inputs_fingerprint(cfg: AutotuneConfig, space: SearchSpace) -> dict[str, Any]:

@@ -82,10 +82,10 @@ class RunData:
 
     @property
     def ranked(self) -> list[dict[str, Any]]:
-        """Trials that measured a throughput, fastest first (ties by trial number)."""
-        ok = [r for r in self.records
-              if r.get("status") == "ok" and r.get("measured_tokens_per_s")]
-        return sorted(ok, key=lambda r: (-r["measured_tokens_per_s"], r["number"]))
+        """Layouts that measured a throughput, fastest first (`autotune.search.rank_trials`)."""
+        from autotune.search import rank_trials
+
+        return rank_trials(self.records)
 
 
 def write_run_json(

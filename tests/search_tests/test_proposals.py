@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import optuna
+import pytest
 
 from autotune.constants import constants_for
 from autotune.estimate import evaluate
@@ -120,7 +121,8 @@ def test_a_family_the_model_mis_ranks_is_measured_early(tmp_path: Path) -> None:
 
 def test_repeat_runs_each_layout_the_asked_number_of_times(tmp_path: Path) -> None:
     """Oracle: Optuna's records. --repeat 2 runs every layout twice (back to back), never a
-    third time; without it no layout runs twice."""
+    third time, and ranks each layout by the mean of its runs; without it no layout runs
+    twice."""
     result = tune(CFG, SPACE, SimulateRunner(noise=0.1, seed=4),
                   TuneOptions(out_dir=tmp_path, trials=6, storage="memory", render=False,
                               repeat=2))
@@ -129,3 +131,14 @@ def test_repeat_runs_each_layout_the_asked_number_of_times(tmp_path: Path) -> No
     study = optuna.load_study(study_name=result.study_name, storage=result.storage) \
         if result.storage != "memory" else None
     assert study is None or len(study.trials) == 6
+    # the ranking averages each layout's runs (worked by hand from the two records)
+    by_layout: dict[str, list[float]] = {}
+    for r in _ran(result):
+        by_layout.setdefault(r["layout_id"], []).append(r["measured_tokens_per_s"])
+    ranked = result.ranked
+    assert len(ranked) == 3 and all(r["runs"] == 2 for r in ranked)
+    for r in ranked:
+        first, second = by_layout[r["layout_id"]]
+        assert r["measured_tokens_per_s"] == pytest.approx((first + second) / 2)
+    assert [r["measured_tokens_per_s"] for r in ranked] == sorted(
+        (r["measured_tokens_per_s"] for r in ranked), reverse=True)
