@@ -1,24 +1,24 @@
 """autotune: find the fastest parallel layout to train a transformer on a cluster."""
 
-from autotune.estimate import Estimate
-from autotune.estimate import estimate
+import autotune.frameworks  # noqa: F401  (registers each framework's cost-model terms)
+from autotune._version import __version__
+from autotune.costmodel.estimate import Estimate
+from autotune.costmodel.estimate import estimate
 from autotune.exceptions import AutotuneError
-from autotune.inputs import load_config
 from autotune.layout import Layout
-from autotune.space import SearchSpace
-from autotune.space import enumerate_layouts
-from autotune.space import load_space
+from autotune.space.search_space import SearchSpace
+from autotune.space.search_space import enumerate_layouts
+from autotune.space.search_space import load_space
 from autotune.specs import AutotuneConfig
 from autotune.specs import ClusterSpec
 from autotune.specs import ModelSpec
 from autotune.specs import TrainSpec
-
-__version__ = "0.1.0"
+from autotune.specs.inputs import load_config
 
 _LAZY = {  # heavy imports (Optuna, Jinja) load on first use
     "Runner": "autotune.runners.base",
-    "TuneOptions": "autotune.search",
-    "tune": "autotune.search",
+    "TuneOptions": "autotune.search.study",
+    "tune": "autotune.search.study",
     "write_artifacts": "autotune.render",
 }
 
@@ -32,6 +32,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "__version__",
     "AutotuneConfig",
     "AutotuneError",
     "ClusterSpec",

@@ -27,18 +27,18 @@ from typing import Any
 
 import numpy as np
 
-from autotune.estimate import Estimate
-from autotune.estimate import estimate as estimate_layout
+from autotune.costmodel.estimate import Estimate
+from autotune.costmodel.estimate import estimate as estimate_layout
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
 from autotune.frameworks.base import RenderOptions
 from autotune.frameworks.deepspeed import TrainProgram
 from autotune.frameworks.deepspeed import config as deepspeed_config
 from autotune.frameworks.deepspeed import hostfile
-from autotune.frameworks.megatron import launch_script as megatron_launch_script
-from autotune.frameworks.megatron_args import megatron_args
+from autotune.frameworks.megatron.args import megatron_args
+from autotune.frameworks.megatron.bundle import launch_script as megatron_launch_script
 from autotune.layout import Layout
-from autotune.rules import structural_violations
+from autotune.space.rules import structural_violations
 from autotune.specs import AutotuneConfig
 from autotune.templating import sbatch_directives
 from autotune.templating import version
@@ -214,7 +214,7 @@ def write_artifacts(
         cfg: Model, cluster and training setup.
         layout: The layout to render.
         out_dir: Destination folder.
-        estimate: The prediction to record; None computes `autotune.estimate.estimate`.
+        estimate: The prediction to record; None computes `autotune.costmodel.estimate.estimate`.
         measured: Measured figures (a mapping, dataclass or object with `to_dict`), if any.
         extra_manifest: More top-level manifest entries (they override the defaults).
         job_name: Slurm job name (default `autotune-<layout id>`).

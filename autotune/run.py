@@ -33,17 +33,16 @@ from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import StrictBool
 
-from autotune.constants import constants_for
+from autotune.costmodel.constants import constants_for
 from autotune.exceptions import AutotuneError
 from autotune.exceptions import shorten
 from autotune.frameworks import FRAMEWORKS
 from autotune.frameworks import framework_of
 from autotune.frameworks import get_framework
-from autotune.inputs import load_config
 from autotune.layout import Layout
-from autotune.rules import MEMORY_RULE_NAMES
-from autotune.rules import violations
 from autotune.runners.factory import RunnerSettings
+from autotune.space.rules import MEMORY_RULE_NAMES
+from autotune.space.rules import violations
 from autotune.specs import AutotuneConfig
 from autotune.specs import BatchSize
 from autotune.specs import DevicesPerNode
@@ -53,11 +52,12 @@ from autotune.specs import Precision
 from autotune.specs import Seed
 from autotune.specs import SeqLength
 from autotune.specs import at_most
+from autotune.specs.inputs import load_config
 
 if TYPE_CHECKING:  # heavy modules (Optuna, matplotlib) load when a run starts
-    from autotune.refit import RefitReport
+    from autotune.calibration.refit import RefitReport
     from autotune.scaling import ScalingResult
-    from autotune.search import TuneResult
+    from autotune.search.study import TuneResult
 
 
 GpuCount = Annotated[Integer, Field(ge=1), at_most(2**26, "65,536 nodes of 1,024 devices")]
@@ -316,15 +316,15 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
     Raises:
         AutotuneError: on bad input, before any trial runs.
     """
-    from autotune.refit import refit_study
+    from autotune.calibration.refit import refit_study
     from autotune.report import write_report
     from autotune.report import write_run_json
     from autotune.scaling import sweep
-    from autotune.search import TuneOptions
-    from autotune.search import default_study_name
-    from autotune.search import tune as run_study
-    from autotune.space import load_space
-    from autotune.storage import default_storage_url
+    from autotune.search.storage import default_storage_url
+    from autotune.search.study import TuneOptions
+    from autotune.search.study import default_study_name
+    from autotune.search.study import tune as run_study
+    from autotune.space.search_space import load_space
 
     cfg = config.load()
     space = load_space(config.problem.space, cfg.train.framework)

@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 from typing import Literal
 
-from autotune.estimate import estimate
+from autotune.costmodel.estimate import estimate
+from autotune.costmodel.step_time import TIME_PARTS
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
-from autotune.perf import TIME_PARTS
-from autotune.pipeline import TrialPipeline
 from autotune.runners.base import Runner
 from autotune.specs import AutotuneConfig
+from autotune.trial import TrialPipeline
 
 Mode = Literal["weak", "strong"]
 MODES = ("weak", "strong")
@@ -61,7 +61,7 @@ PART_LABELS = {
     "optimizer": "optimizer step",
     "ep_comm": "EP all-to-all",
 }
-"""Readable names of the step-time parts (`autotune.perf.TIME_PARTS`)."""
+"""Readable names of the step-time parts (`autotune.costmodel.step_time.TIME_PARTS`)."""
 
 CSV_COLUMNS = (
     "gpus", "nodes", "gpus_per_node", "dp", "gas", "global_batch_size", "status",

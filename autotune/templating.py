@@ -17,6 +17,7 @@ from typing import Any
 
 import jinja2
 
+from autotune._version import __version__
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.resources import resource_dir
@@ -53,8 +54,6 @@ def render_template(template: str, **context: Any) -> str:
 
 def version() -> str:
     """autotune's version, as the artifacts record it."""
-    from autotune import __version__
-
     return __version__
 
 

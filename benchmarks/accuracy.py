@@ -29,24 +29,25 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from autotune.calibration import Measured
-from autotune.calibration import as_point
-from autotune.calibration import at_bounds
-from autotune.calibration import best_layout
-from autotune.calibration import fit_constants
-from autotune.calibration import leave_one_source_out
-from autotune.calibration import predicted_step_s
-from autotune.constants import Constants
-from autotune.flops import model_flops
+from autotune.calibration.fit import Measured
+from autotune.calibration.fit import as_point
+from autotune.calibration.fit import at_bounds
+from autotune.calibration.fit import best_layout
+from autotune.calibration.fit import fit_constants
+from autotune.calibration.fit import leave_one_source_out
+from autotune.calibration.fit import predicted_step_s
+from autotune.calibration.published import PUBLISHED_RUNS
+from autotune.calibration.published import label
+from autotune.calibration.published import open_dimensions
+from autotune.calibration.published import published_runs
+from autotune.costmodel.constants import Constants
+from autotune.costmodel.flops import model_flops
 from autotune.frameworks import framework_of
-from autotune.published import PUBLISHED_RUNS
-from autotune.published import label
-from autotune.published import open_dimensions
-from autotune.published import published_runs
 from autotune.resources import resource_dir
 
 FITTED = ("gemm_efficiency", "gemm_half_size", "attention_efficiency", "elementwise_passes")
-"""Constants fitted per GPU type (bounds: autotune.constants.FIT_BOUNDS). The collective and
+"""Constants fitted per GPU type (bounds: autotune.costmodel.constants.FIT_BOUNDS). The collective
+and
 overlap constants stay at their nccl-tests / SM-share values: the published runs do not
 identify them (fitted, they run to opposite bounds on A100 and H100)."""
 
@@ -109,10 +110,11 @@ def write_constants(fits: dict[str, Constants]) -> Path:
         fitted_h100 = {n: table["h100-sxm-80gb"][n] for n in FITTED}
         table["h200-sxm-141gb"] = {**table.get("h200-sxm-141gb", {}), **fitted_h100}
     header = (
-        "# Calibrated constants per GPU preset (autotune/constants.py: meaning, unit, source,\n"
-        "# fit bounds). Written by `python benchmarks/accuracy.py --fit` from the published\n"
-        "# runs in data/published_runs.csv (bf16/fp16 rows, robust least squares on log step\n"
-        "# time); H200 reuses the H100 fit (same die). Unlisted constants keep their defaults.\n"
+        "# Calibrated constants per GPU preset (autotune/costmodel/constants.py: meaning,\n"
+        "# unit, source, fit bounds). Written by `python benchmarks/accuracy.py --fit`\n"
+        "# from the published runs in data/published_runs.csv (bf16/fp16 rows, robust least\n"
+        "# squares on log step time); H200 reuses the H100 fit (same die). Unlisted constants\n"
+        "# keep their defaults.\n"
     )
     path.write_text(header + yaml.safe_dump(table, sort_keys=False))
     return path

@@ -1,6 +1,7 @@
 """A GPU cluster that autotune's model does not know: step time and memory from other formulas.
 
-Written without `autotune.perf`, `autotune.memory`, `autotune.estimate`, `autotune.flops` or
+Written without `autotune.costmodel.step_time`, `autotune.costmodel.memory`,
+`autotune.costmodel.estimate`, `autotune.costmodel.flops` or
 `autotune.stages`: only the inputs (model, cluster, layout) are shared. Each seed draws one
 hidden cluster (kernel efficiencies, NCCL constants, overlap, allocator behaviour). Functional
 forms, from the literature:
@@ -40,7 +41,7 @@ import numpy as np
 
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
-from autotune.runners.base import Measurement
+from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.specs import AutotuneConfig
@@ -463,7 +464,7 @@ class AlienTruth:
 
 
 class TruthRunner(Runner):
-    """Measures trials on an `AlienTruth` (a runner for `autotune.search.tune`)."""
+    """Measures trials on an `AlienTruth` (a runner for `autotune.search.study.tune`)."""
 
     name = "alien-truth"
 

@@ -14,7 +14,8 @@ Points, all at sequence 4096 in bf16 with two micro-batches per step (gas = 2):
 for gpt3-1.3b (its learned positions raised to 4096) and llama2-7b. Each point runs as its own
 process with a timeout, so an OOM or a crash costs one row. It records the peak of
 ``torch.cuda.max_memory_allocated``, the median step time after warm-up, an OOM flag and the
-device memory nvidia-smi saw, beside `autotune.estimate.estimate` on a one-GPU hgx-h200 whose host
+device memory nvidia-smi saw, beside `autotune.costmodel.estimate.estimate` on a one-GPU hgx-h200
+whose host
 has the device machine's 128 GiB. The predicted memory leaves out the model's ``runtime`` part
 (CUDA context and library workspaces, which max_memory_allocated does not count).
 
@@ -53,22 +54,22 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from autotune.calibration import Measured  # noqa: E402
-from autotune.calibration import fit_constants  # noqa: E402
-from autotune.constants import Constants  # noqa: E402
-from autotune.constants import constants_for  # noqa: E402
-from autotune.estimate import Estimate  # noqa: E402
-from autotune.estimate import estimate  # noqa: E402
-from autotune.inputs import load_cluster  # noqa: E402
-from autotune.inputs import load_model  # noqa: E402
+from autotune.calibration.fit import Measured  # noqa: E402
+from autotune.calibration.fit import fit_constants  # noqa: E402
+from autotune.costmodel.constants import Constants  # noqa: E402
+from autotune.costmodel.constants import constants_for  # noqa: E402
+from autotune.costmodel.estimate import Estimate  # noqa: E402
+from autotune.costmodel.estimate import estimate  # noqa: E402
+from autotune.costmodel.memory import GIB  # noqa: E402
+from autotune.costmodel.memory import usable_gpu_bytes  # noqa: E402
 from autotune.layout import RECOMPUTES  # noqa: E402
 from autotune.layout import Layout  # noqa: E402
-from autotune.memory import GIB  # noqa: E402
-from autotune.memory import usable_gpu_bytes  # noqa: E402
-from autotune.rules import violations  # noqa: E402
+from autotune.space.rules import violations  # noqa: E402
 from autotune.specs import AutotuneConfig  # noqa: E402
 from autotune.specs import Framework  # noqa: E402
 from autotune.specs import TrainSpec  # noqa: E402
+from autotune.specs.inputs import load_cluster  # noqa: E402
+from autotune.specs.inputs import load_model  # noqa: E402
 
 SEQ = 4096
 """Tokens per sequence of every point."""

@@ -18,10 +18,11 @@ For every row of data/published_runs.csv (measured runs and recipes without thro
 Rows the model cannot express (a GPU without a preset, a recompute policy or a pipeline layout
 it lacks) are skipped with the reason.
 (c) Mixture-of-Experts rows: the model from the released config.json where the CSV lacks
-    its attention and expert shapes (`autotune.published.model_spec`), the
+    its attention and expert shapes (`autotune.calibration.published.model_spec`), the
     published tp, pp, ep, vpp and mbs, etp = 1, the distributed optimizer, each recompute
     choice, and the token dispatcher and overlaps its launch script set
-    (`autotune.published.RUN_SETTINGS`: DeepSeek-V3 ran DeepEP with the EP all-to-all overlap,
+    (`autotune.calibration.published.RUN_SETTINGS`: DeepSeek-V3 ran DeepEP with the EP
+    all-to-all overlap,
     which megatron-core refuses with full recompute); feasibility and predicted against
     published tokens/s per GPU (nothing fitted).
     DeepSeek-V3's 61 layers do not split over its pp8·vpp4 with Megatron's split flags: like
@@ -43,23 +44,23 @@ from rich.table import Table
 from autotune import enumerate_layouts
 from autotune import estimate
 from autotune import load_space
-from autotune.constants import constants_for
-from autotune.frameworks.megatron_args import a2a_overlap
+from autotune.calibration.published import PUBLISHED_RUNS
+from autotune.calibration.published import RUN_MEMORY_TOLERANCE
+from autotune.calibration.published import PublishedRun
+from autotune.calibration.published import label
+from autotune.calibration.published import open_dimensions
+from autotune.calibration.published import problem
+from autotune.calibration.published import published_runs
+from autotune.calibration.published import read_rows
+from autotune.costmodel.constants import constants_for
+from autotune.costmodel.memory import GIB
+from autotune.costmodel.memory import usable_gpu_bytes
+from autotune.frameworks.megatron.args import a2a_overlap
 from autotune.layout import RECOMPUTES
 from autotune.layout import Layout
-from autotune.memory import GIB
-from autotune.memory import usable_gpu_bytes
-from autotune.published import PUBLISHED_RUNS
-from autotune.published import RUN_MEMORY_TOLERANCE
-from autotune.published import PublishedRun
-from autotune.published import label
-from autotune.published import open_dimensions
-from autotune.published import problem
-from autotune.published import published_runs
-from autotune.published import read_rows
-from autotune.rules import violations
-from autotune.space import SearchSpace
-from autotune.space import narrowed
+from autotune.space.rules import violations
+from autotune.space.search_space import SearchSpace
+from autotune.space.search_space import narrowed
 
 
 def widened_space(run: PublishedRun) -> SearchSpace:

@@ -14,7 +14,7 @@ Truths (each seed is another hidden cluster):
   sanity check, not evidence.
 
 Methods, counting only trials that ran (cluster time):
-- autotune: `autotune.search.tune` with the truth as its runner (in-memory Optuna storage);
+- autotune: `autotune.search.study.tune` with the truth as its runner (in-memory Optuna storage);
 - walk ranking: run autotune's feasible layouts in the model's order (no search);
 - random: uniform over the feasible layouts;
 - DS autotuner: `benchmarks/deepspeed_autotuner.py`, ZeRO stage × micro-batch with its
@@ -55,22 +55,22 @@ from alien_truth import AlienTruth  # noqa: E402
 from alien_truth import TruthRunner  # noqa: E402
 from deepspeed_autotuner import DeepSpeedAutotuner  # noqa: E402
 
-from autotune.constants import constants_for  # noqa: E402
-from autotune.estimate import evaluate  # noqa: E402
-from autotune.inputs import load_config  # noqa: E402
+from autotune.costmodel.constants import constants_for  # noqa: E402
+from autotune.costmodel.estimate import evaluate  # noqa: E402
+from autotune.costmodel.memory import usable_gpu_bytes  # noqa: E402
 from autotune.layout import Layout  # noqa: E402
 from autotune.layout import LayoutTable  # noqa: E402
-from autotune.memory import usable_gpu_bytes  # noqa: E402
-from autotune.rules import rules_for  # noqa: E402
-from autotune.runners.base import Measurement  # noqa: E402
+from autotune.measurement import Measurement  # noqa: E402
 from autotune.runners.base import Runner  # noqa: E402
 from autotune.runners.simulate import SimulateRunner  # noqa: E402
 from autotune.runners.simulate import layout_jitter  # noqa: E402
-from autotune.search import TuneOptions  # noqa: E402
-from autotune.search import tune  # noqa: E402
-from autotune.space import candidates  # noqa: E402
-from autotune.space import enumerate_layouts  # noqa: E402
-from autotune.space import load_space  # noqa: E402
+from autotune.search.study import TuneOptions  # noqa: E402
+from autotune.search.study import tune  # noqa: E402
+from autotune.space.rules import rules_for  # noqa: E402
+from autotune.space.search_space import candidates  # noqa: E402
+from autotune.space.search_space import enumerate_layouts  # noqa: E402
+from autotune.space.search_space import load_space  # noqa: E402
+from autotune.specs.inputs import load_config  # noqa: E402
 
 SCENARIOS = [
     ("llama3-8b", "dgx-h100:1", "megatron"),

@@ -21,9 +21,9 @@ import time  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from autotune.inputs import load_config  # noqa: E402
-from autotune.space import enumerate_layouts  # noqa: E402
-from autotune.space import load_space  # noqa: E402
+from autotune.space.search_space import enumerate_layouts  # noqa: E402
+from autotune.space.search_space import load_space  # noqa: E402
+from autotune.specs.inputs import load_config  # noqa: E402
 
 SCENARIOS = [
     # (model, cluster, target seconds)

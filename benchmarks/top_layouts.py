@@ -18,9 +18,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from autotune.inputs import load_config
-from autotune.space import enumerate_layouts
-from autotune.space import load_space
+from autotune.space.search_space import enumerate_layouts
+from autotune.space.search_space import load_space
+from autotune.specs.inputs import load_config
 
 LIMIT = 0.62
 """MFU no top layout may exceed (bf16)."""

@@ -8,21 +8,23 @@ Example:
 
 from __future__ import annotations
 
+from typing import get_args
+
+from autotune.costmodel.terms import register_terms
 from autotune.exceptions import AutotuneError
 from autotune.frameworks.base import Framework
+from autotune.frameworks.deepspeed import DeepSpeed
+from autotune.frameworks.megatron import Megatron
 from autotune.specs import AutotuneConfig
+from autotune.specs import Framework as FrameworkName
 
+_BUNDLES: dict[str, Framework] = {bundle.name: bundle for bundle in (Megatron(), DeepSpeed())}
+for _bundle in _BUNDLES.values():
+    register_terms(_bundle)
 
-def _registry() -> dict[str, Framework]:
-    from autotune.frameworks.deepspeed import DeepSpeed
-    from autotune.frameworks.megatron import Megatron
-
-    return {bundle.name: bundle for bundle in (Megatron(), DeepSpeed())}
-
-
-FRAMEWORKS = ("megatron", "deepspeed")
-"""Framework names, as `--framework` takes them."""
-_BUNDLES: dict[str, Framework] = {}
+FRAMEWORKS = tuple(_BUNDLES)
+"""Framework names, as `--framework` takes them (`TrainSpec.framework` admits exactly these)."""
+assert set(FRAMEWORKS) == set(get_args(FrameworkName)), "TrainSpec.framework and the registry"
 
 
 def get_framework(name: str) -> Framework:
@@ -31,8 +33,6 @@ def get_framework(name: str) -> Framework:
     Raises:
         AutotuneError: `name` is not a framework.
     """
-    if not _BUNDLES:
-        _BUNDLES.update(_registry())
     if name not in _BUNDLES:
         raise AutotuneError(f"--framework: {name!r} must be one of {', '.join(FRAMEWORKS)}")
     return _BUNDLES[name]

@@ -20,9 +20,9 @@ from typing import Literal
 
 import numpy as np
 
-from autotune.constants import Constants
+from autotune.costmodel.constants import Constants
+from autotune.costmodel.terms import StageSplit
 from autotune.layout import BoolArray
-from autotune.layout import IntArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
@@ -74,24 +74,6 @@ def rule(into: list[Rule], name: str, reason: str, group: RuleGroup) -> Callable
         return check
 
     return register
-
-
-@dataclasses.dataclass(slots=True)
-class StageSplit:
-    """Layers on the first, a middle and the last pipeline stage (per candidate), and legality."""
-
-    first: IntArray
-    middle: IntArray
-    last: IntArray
-    legal: BoolArray
-    heaviest_chunk: IntArray | None = None
-    """Layers of the heaviest model chunk (virtual stage) where chunks differ within a stage
-    (a custom pipeline layout); None: every stage's chunks are equal."""
-
-    @property
-    def most(self) -> IntArray:
-        """Layers on the most loaded stage."""
-        return np.maximum(np.maximum(self.first, self.middle), self.last)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

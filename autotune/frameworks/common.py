@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 import autotune.frameworks as frameworks
-from autotune.constants import Constants
+from autotune.costmodel.constants import Constants
 from autotune.frameworks.base import Rule
 from autotune.frameworks.base import RuleGroup
 from autotune.frameworks.base import rule

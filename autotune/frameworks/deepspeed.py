@@ -23,18 +23,18 @@ from typing import ClassVar
 
 import numpy as np
 
-from autotune.constants import Constants
+from autotune.costmodel.constants import Constants
+from autotune.costmodel.sharding import params_on_rank
+from autotune.costmodel.terms import StageSplit
 from autotune.frameworks.base import ADAMW
 from autotune.frameworks.base import Framework
 from autotune.frameworks.base import RenderOptions
 from autotune.frameworks.base import Rule
 from autotune.frameworks.base import RuleGroup
-from autotune.frameworks.base import StageSplit
 from autotune.frameworks.base import rule
 from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
-from autotune.sharding import params_on_rank
 from autotune.specs import AutotuneConfig
 from autotune.templating import header
 from autotune.templating import render_template

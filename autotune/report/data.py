@@ -2,7 +2,7 @@
 
 A tune folder is found through `run.json` (written when the study starts; see `write_run_json`)
 or, without one, through the single study in `DIR/study.db`. The study carries the inputs
-(`autotune_inputs`) and every trial; `autotune.search.trial_records` flattens them. A scale
+(`autotune_inputs`) and every trial; `autotune.search.study.trial_records` flattens them. A scale
 folder holds `scaling.json` (`autotune.scaling`). `summary` turns a folder into the stable
 summary.json document and `trial_rows` into trials.csv rows.
 """
@@ -24,14 +24,14 @@ from pydantic import TypeAdapter
 from pydantic import ValidationError
 from pydantic import model_validator
 
+from autotune.costmodel.memory import GIB
 from autotune.exceptions import AutotuneError
-from autotune.inputs import validation_message
 from autotune.layout import Layout
-from autotune.memory import GIB
 from autotune.runners.factory import figure_label
 from autotune.scaling import SCALING_JSON
 from autotune.scaling import ScalingPoint
 from autotune.specs import AutotuneConfig
+from autotune.specs.inputs import validation_message
 
 RUN_JSON = "run.json"
 SUMMARY_SCHEMA = "autotune.report/1"
@@ -82,8 +82,9 @@ class RunData:
 
     @property
     def ranked(self) -> list[dict[str, Any]]:
-        """Layouts that measured a throughput, fastest first (`autotune.search.rank_trials`)."""
-        from autotune.search import rank_trials
+        """Layouts that measured a throughput, fastest first
+        (`autotune.search.study.rank_trials`)."""
+        from autotune.search.study import rank_trials
 
         return rank_trials(self.records)
 
@@ -147,7 +148,7 @@ def _resolve_storage(url: str, directory: Path) -> str:
 def _load_study(url: str, name: str | None) -> Any:
     import optuna
 
-    from autotune.storage import open_storage
+    from autotune.search.storage import open_storage
 
     storage: Any = open_storage(url)  # the driver for postgresql://, heartbeat journals
     if name is None:
@@ -239,8 +240,8 @@ def load_run(directory: str | Path, records: list[dict[str, Any]] | None = None,
         AutotuneError: when the folder holds neither a study nor scaling.json, or when run.json
             or scaling.json is not what autotune writes.
     """
-    from autotune.search import INPUTS_ATTR
-    from autotune.search import trial_records
+    from autotune.search.study import INPUTS_ATTR
+    from autotune.search.study import trial_records
 
     folder = Path(directory)
     info: dict[str, Any] = {}

@@ -1,6 +1,6 @@
 """Regenerate the example reports in `reports/`: `python -m autotune.report.examples`.
 
-Each simulate example runs a seeded study (`autotune.search.tune` with the simulate runner in
+Each simulate example runs a seeded study (`autotune.search.study.tune` with the simulate runner in
 noise mode), sweeps the winner over 1 to 128 nodes (`autotune.scaling.sweep`), and writes the
 report; `comparison/` then compares every example folder present, including the local CPU study
 that `--with-local` runs (real timings, so not deterministic). The simulate examples are
@@ -18,18 +18,18 @@ import sys
 import warnings
 from pathlib import Path
 
-from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.report.compare import compare
 from autotune.report.data import write_run_json
 from autotune.report.render import write_report
 from autotune.runners.base import Runner
 from autotune.scaling import sweep
-from autotune.search import TuneOptions
-from autotune.search import default_study_name
-from autotune.search import tune
-from autotune.space import SearchSpace
-from autotune.space import load_space
+from autotune.search.study import TuneOptions
+from autotune.search.study import default_study_name
+from autotune.search.study import tune
+from autotune.space.search_space import SearchSpace
+from autotune.space.search_space import load_space
+from autotune.specs.inputs import load_config
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 NODES = (1, 2, 4, 8, 16, 32, 64, 128)

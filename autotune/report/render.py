@@ -20,18 +20,18 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from autotune.constants import constants_for
-from autotune.estimate import estimate
+from autotune.costmodel.constants import constants_for
+from autotune.costmodel.estimate import estimate
+from autotune.costmodel.memory import GIB
+from autotune.costmodel.memory import MEMORY_PARTS
+from autotune.costmodel.memory import usable_gpu_bytes
+from autotune.costmodel.step_time import TIME_PARTS
 from autotune.layout import Layout
-from autotune.memory import GIB
-from autotune.memory import MEMORY_PARTS
-from autotune.memory import usable_gpu_bytes
-from autotune.perf import TIME_PARTS
 from autotune.report import data
 from autotune.report import plots
 from autotune.resources import resource_dir
-from autotune.rules import MEMORY_RULE_NAMES
 from autotune.scaling import PART_LABELS
+from autotune.space.rules import MEMORY_RULE_NAMES
 
 PLOT_CAPTIONS = {
     "memory_breakdown": "Predicted memory per GPU of the winner and runners-up, by part; "

@@ -17,13 +17,13 @@ from typing import Any
 
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
-from autotune.records import measured
-from autotune.runners.base import Measurement
+from autotune.measurement import Measurement
+from autotune.measurement import validated
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
-from autotune.runners.base import validated
 from autotune.runners.process import run_process
 from autotune.specs import AutotuneConfig
+from autotune.workloads.records import measured
 
 PLACEHOLDERS = (
     "layout_json",

@@ -14,7 +14,7 @@ import re
 import signal
 from collections.abc import Mapping
 
-from autotune.records import FAILURE_EXIT_CODES
+from autotune.workloads.records import FAILURE_EXIT_CODES
 
 PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {
     "oom": tuple(

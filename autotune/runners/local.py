@@ -11,7 +11,7 @@ step, then the runner's `result` record).
 Example:
     >>> from autotune.runners.local import LocalRunner
     >>> runner = LocalRunner(steps=6, warmup=2, hang_timeout_s=120)
-    >>> # autotune.search.tune(cfg, space, runner, TuneOptions(out_dir=Path("study")))
+    >>> # autotune.search.study.tune(cfg, space, runner, TuneOptions(out_dir=Path("study")))
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ from autotune.exceptions import AutotuneError
 from autotune.frameworks import FRAMEWORKS
 from autotune.frameworks import framework_of
 from autotune.frameworks import get_framework
-from autotune.records import TrialRecords
-from autotune.records import read_tail
-from autotune.runners.base import Measurement
+from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.failures import classify
@@ -43,6 +41,8 @@ from autotune.runners.process import run_process
 from autotune.specs import AutotuneConfig
 from autotune.workloads import workload_spec
 from autotune.workloads import write_problem
+from autotune.workloads.records import TrialRecords
+from autotune.workloads.records import read_tail
 
 LAUNCHERS = ("torchrun", "deepspeed")
 """How the built-in workloads are launched."""

@@ -11,14 +11,14 @@ import hashlib
 
 import numpy as np
 
-from autotune.constants import Constants
-from autotune.constants import constants_for
-from autotune.estimate import evaluate
+from autotune.costmodel.constants import Constants
+from autotune.costmodel.constants import constants_for
+from autotune.costmodel.estimate import evaluate
+from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
-from autotune.memory import usable_gpu_bytes
-from autotune.runners.base import Measurement
+from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.specs import AutotuneConfig

@@ -46,11 +46,7 @@ from autotune.exceptions import AutotuneError
 from autotune.frameworks import FRAMEWORKS
 from autotune.frameworks import framework_of
 from autotune.frameworks import get_framework
-from autotune.records import LineReader
-from autotune.records import TrialRecords
-from autotune.records import last_lines
-from autotune.records import read_tail
-from autotune.runners.base import Measurement
+from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.failures import classify
@@ -71,6 +67,10 @@ from autotune.templating import render_template
 from autotune.templating import version
 from autotune.workloads import workload_spec
 from autotune.workloads import write_problem
+from autotune.workloads.records import LineReader
+from autotune.workloads.records import TrialRecords
+from autotune.workloads.records import last_lines
+from autotune.workloads.records import read_tail
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class SlurmRunner(Runner):
     Example:
         >>> from autotune.runners.slurm import SlurmRunner
         >>> runner = SlurmRunner(partition="gpu", time_limit="00:30:00", options={"qos": "high"})
-        >>> # autotune.search.tune(cfg, space, runner, TuneOptions(out_dir=Path("/shared/study")))
+        >>> # autotune.tune(cfg, space, runner, TuneOptions(out_dir=Path("/shared/study")))
     """
 
     name = "slurm"

@@ -9,7 +9,7 @@ Subclass `RunnerContract` in a test module and provide four fixtures:
   class other than ok), e.g. a program that exits with an error;
 - `refused`: an `AutotuneConfig` that `runner.check` must refuse with AutotuneError.
 
-Every trial runs through `autotune.pipeline.TrialPipeline`, as `tune` and `scale` run them.
+Every trial runs through `autotune.trial.TrialPipeline`, as `tune` and `scale` run them.
 
 Example:
     >>> class TestSimulate(RunnerContract):  # in tests/runners_tests/test_simulate.py
@@ -26,11 +26,11 @@ import pytest
 
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
-from autotune.pipeline import TrialPipeline
-from autotune.pipeline import TrialResult
-from autotune.runners.base import STATUSES
+from autotune.measurement import STATUSES
 from autotune.runners.base import Runner
 from autotune.specs import AutotuneConfig
+from autotune.trial import TrialPipeline
+from autotune.trial import TrialResult
 
 
 def run_trial(runner: Runner, cfg: AutotuneConfig, layout: Layout, directory: Path,

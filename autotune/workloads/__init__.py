@@ -2,7 +2,7 @@
 
 Each workload is a module runnable with ``python -m`` under a distributed launcher. It reads the
 trial's ``problem.json``, ``layout.json`` and its framework's rendered config, trains a few
-steps on synthetic tokens, and prints the records of `autotune.records`. Runners find the
+steps on synthetic tokens, and prints the records of `autotune.workloads.records`. Runners find the
 program of a framework with `workload_spec(framework.workload)`.
 """
 

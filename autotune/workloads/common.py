@@ -1,6 +1,7 @@
 """What every built-in workload shares: arguments, layout.json, the reporter, the step loop.
 
-The records a workload prints and its exit codes are the protocol of `autotune.records`. A run
+The records a workload prints and its exit codes are the protocol of `autotune.workloads.records`.
+A run
 refused before it trained exits non-zero on rank 0 only (`Reporter.fail`), a rank that fails
 alone with its own code (`Reporter.rank_failed`); `exit_now` ends the process.
 """
@@ -24,20 +25,20 @@ from typing import Protocol
 
 import torch
 
-from autotune.constants import Constants
+from autotune.costmodel.constants import Constants
 from autotune.exceptions import AutotuneError
 from autotune.frameworks.base import Rule
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
-from autotune.records import EXIT_CODES
-from autotune.records import step_record
-from autotune.records import summary_record
-from autotune.rules import structural_violations
+from autotune.space.rules import structural_violations
 from autotune.specs import AutotuneConfig
 from autotune.specs import ClusterSpec
 from autotune.specs import GPUSpec
 from autotune.specs import ModelSpec
 from autotune.specs import TrainSpec
+from autotune.workloads.records import EXIT_CODES
+from autotune.workloads.records import step_record
+from autotune.workloads.records import summary_record
 
 SEED = 1234
 """Seed of the weights and of the synthetic token stream."""
@@ -113,7 +114,7 @@ def read_problem(path: Path) -> AutotuneConfig:
     """The AutotuneConfig in problem.json; AutotuneError names what is wrong with it."""
     from pydantic import ValidationError
 
-    from autotune.inputs import validation_message
+    from autotune.specs.inputs import validation_message
 
     try:
         return AutotuneConfig.model_validate(read_json(path))
@@ -151,7 +152,7 @@ def trial_config(
     """
     from pydantic import ValidationError
 
-    from autotune.inputs import validation_message
+    from autotune.specs.inputs import validation_message
 
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) or world_size
     gpu = GPUSpec(name="workload", memory_gb=80, peak_tflops={precision: 1.0}, hbm_tb_s=1.0)

@@ -47,17 +47,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from autotune.constants import Constants
+from autotune.costmodel.constants import Constants
 from autotune.exceptions import AutotuneError
 from autotune.frameworks.base import Rule
 from autotune.frameworks.base import RuleGroup
 from autotune.frameworks.base import rule
-from autotune.inputs import load_model
 from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
+from autotune.specs.inputs import load_model
 from autotune.workloads.common import SEED
 from autotune.workloads.common import Reporter
 from autotune.workloads.common import check_arguments

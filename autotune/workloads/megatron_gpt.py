@@ -6,7 +6,7 @@ Run under ``torchrun --nproc_per_node N``::
         --layout DIR/layout.json --seq 4096 --gbs 64 --precision bf16 --steps 6 --warmup 2
 
 The layout maps onto megatron-core the way Megatron-LM's ``pretrain_gpt.py`` maps its flags
-(`autotune.frameworks.megatron_args` holds the mapping; `build_configs` makes config objects):
+(`autotune.frameworks.megatron.args` holds the mapping; `build_configs` makes config objects):
 
 - tp, pp, vpp, cp, ep, etp: ``parallel_state.initialize_model_parallel`` (ep and etp fold the
   same ranks into the expert grid of the MoE layers), one ``GPTModel`` chunk per virtual
@@ -50,25 +50,25 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from autotune.constants import Constants
+from autotune.costmodel.constants import Constants
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
 from autotune.frameworks.base import Rule
 from autotune.frameworks.base import RuleGroup
 from autotune.frameworks.base import rule
-from autotune.frameworks.megatron_args import ddp_config_kwargs
-from autotune.frameworks.megatron_args import fsdp
-from autotune.frameworks.megatron_args import needs_single_connection
-from autotune.frameworks.megatron_args import optimizer_config_kwargs
-from autotune.frameworks.megatron_args import parallel_state_kwargs
-from autotune.frameworks.megatron_args import transformer_config_kwargs
-from autotune.frameworks.megatron_model import gpt_model_kwargs
-from autotune.frameworks.megatron_model import transformer_config_class
-from autotune.inputs import load_model
+from autotune.frameworks.megatron.args import ddp_config_kwargs
+from autotune.frameworks.megatron.args import fsdp
+from autotune.frameworks.megatron.args import needs_single_connection
+from autotune.frameworks.megatron.args import optimizer_config_kwargs
+from autotune.frameworks.megatron.args import parallel_state_kwargs
+from autotune.frameworks.megatron.args import transformer_config_kwargs
+from autotune.frameworks.megatron.model import gpt_model_kwargs
+from autotune.frameworks.megatron.model import transformer_config_class
 from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
+from autotune.specs.inputs import load_model
 from autotune.workloads.common import SEED
 from autotune.workloads.common import Reporter
 from autotune.workloads.common import check_arguments

@@ -7,24 +7,24 @@ from pathlib import Path
 
 import pytest
 
-from autotune.calibration import at_bounds
-from autotune.calibration import leave_one_source_out
-from autotune.calibration import published_points
-from autotune.constants import FIT_BOUNDS
-from autotune.constants import Constants
-from autotune.published import CONVENTIONS
-from autotune.published import PUBLISHED_RUNS
-from autotune.published import candidates
-from autotune.published import measured_step_s
-from autotune.published import megatron_causal_flops
-from autotune.published import megatron_noncausal_flops
-from autotune.published import model_spec
-from autotune.published import palm_flops
-from autotune.published import problem
-from autotune.published import published_flops
-from autotune.published import published_run
-from autotune.published import read_rows
-from autotune.published import sc21_eq3_flops
+from autotune.calibration.fit import at_bounds
+from autotune.calibration.fit import leave_one_source_out
+from autotune.calibration.fit import published_points
+from autotune.calibration.published import CONVENTIONS
+from autotune.calibration.published import PUBLISHED_RUNS
+from autotune.calibration.published import candidates
+from autotune.calibration.published import measured_step_s
+from autotune.calibration.published import megatron_causal_flops
+from autotune.calibration.published import megatron_noncausal_flops
+from autotune.calibration.published import model_spec
+from autotune.calibration.published import palm_flops
+from autotune.calibration.published import problem
+from autotune.calibration.published import published_flops
+from autotune.calibration.published import published_run
+from autotune.calibration.published import read_rows
+from autotune.calibration.published import sc21_eq3_flops
+from autotune.costmodel.constants import FIT_BOUNDS
+from autotune.costmodel.constants import Constants
 from autotune.specs import ModelSpec
 
 ROWS = {row["row_id"]: row for row in read_rows()}
@@ -214,7 +214,8 @@ def test_leave_one_source_out_never_fits_on_the_held_out_source() -> None:
 
 
 def test_constants_on_a_fit_bound_are_flagged() -> None:
-    """Oracle: the fit bounds as written in autotune/constants.py: comm_efficiency 0.5-0.95,
+    """Oracle: the fit bounds as written in autotune/costmodel/constants.py: comm_efficiency
+    0.5-0.95,
     elementwise_passes 0.5-4; within 1 % of a limit is on the bound."""
     on = Constants(comm_efficiency=0.945, elementwise_passes=0.504)
     off = Constants(comm_efficiency=0.9, elementwise_passes=0.6)

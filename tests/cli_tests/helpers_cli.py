@@ -1,4 +1,4 @@
-"""Run the real CLI entry point (`autotune.cli._run`) in this process or as a subprocess."""
+"""Run the real CLI entry point (`autotune.cli.app._run`) in this process or as a subprocess."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autotune.cli import _run
-from autotune.cli import app
+from autotune.cli.app import _run
+from autotune.cli.app import app
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import _run
-from autotune.cli import app
+from autotune.cli.app import _run
+from autotune.cli.app import app
 
 
 def assert_one_error_line(err: str, fragment: str) -> None:
@@ -212,7 +212,7 @@ def test_tune_local_runner_trains_for_real(tmp_path) -> None:
 def test_the_cli_imports_no_plotting_library() -> None:
     """Oracle: a fresh Python process's sys.modules. `space` and `estimate` draw nothing, so
     importing the CLI must not pay for matplotlib (the report package loads it lazily)."""
-    probe = "import sys, autotune.cli; print('matplotlib' in sys.modules)"
+    probe = "import sys, autotune.cli.app; print('matplotlib' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=True, cwd=Path(__file__).resolve().parents[2])
     assert done.stdout.strip() == "False"

@@ -1,7 +1,7 @@
 """The CLI contract: exit 2 with one line naming the option and the fix for bad input, exit 1
 when the work fails, tracebacks only with --debug; one regression test per hostile input found.
 
-Every test goes through `autotune.cli._run`, the function the console script calls.
+Every test goes through `autotune.cli.app._run`, the function the console script calls.
 """
 
 from __future__ import annotations

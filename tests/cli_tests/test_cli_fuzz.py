@@ -3,7 +3,7 @@ exit code is exactly 0 (the input made sense) or 2 (one line naming what is wron
 
 Inputs: model, cluster and search-space YAML files, Hugging Face config.json files, --layout
 strings and the training flags of `space`, `estimate` and `tune --runner simulate`. Each example
-runs `autotune.cli._run`, the function the console script calls; a few run as real processes.
+runs `autotune.cli.app._run`, the function the console script calls; a few run as real processes.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from autotune.cli import app
+from autotune.cli.app import app
 from autotune.run import RunnerSettings
 
 PROBLEM = ["--cluster", "--framework", "--gbs", "--model", "--moe-a2a-overlap", "--moe-dispatcher",

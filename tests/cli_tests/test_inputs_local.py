@@ -17,11 +17,11 @@ import yaml
 from helpers_cli import assert_usage_error
 from helpers_cli import cli
 
-from autotune import inputs
-from autotune.constants import constants_for
-from autotune.inputs import load_cluster
-from autotune.inputs import nvlinks
+from autotune.costmodel.constants import constants_for
 from autotune.resources import resource_dir
+from autotune.specs import inputs
+from autotune.specs.inputs import load_cluster
+from autotune.specs.inputs import nvlinks
 
 MIB = 2**20
 DEVICES = {

@@ -11,13 +11,13 @@ from pathlib import Path
 import psutil
 
 from autotune.frameworks import framework_of
-from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.render import write_artifacts
 from autotune.runners.base import TrialPlan
 from autotune.runners.slurm import JOB_FILE
-from autotune.space import SearchSpace
+from autotune.space.search_space import SearchSpace
 from autotune.specs import AutotuneConfig
+from autotune.specs.inputs import load_config
 
 SEQ, GBS = 64, 4
 """tiny-gpt, 64 tokens per sequence, 4 sequences per step: a trial trains in seconds on CPU."""

@@ -30,7 +30,7 @@ from helpers_cluster import tiny_config
 from helpers_cluster import trial_plan
 from helpers_cluster import wait_for
 
-from autotune.runners.base import Measurement
+from autotune.measurement import Measurement
 from autotune.runners.base import TrialPlan
 from autotune.runners.slurm import JOB_FILE
 from autotune.runners.slurm import SlurmRunner

@@ -14,11 +14,11 @@ import os
 import sys
 from pathlib import Path
 
-from autotune.inputs import load_config
 from autotune.runners.command import CommandRunner
-from autotune.search import TuneOptions
-from autotune.search import tune
-from autotune.space import load_space
+from autotune.search.study import TuneOptions
+from autotune.search.study import tune
+from autotune.space.search_space import load_space
+from autotune.specs.inputs import load_config
 
 HERE = Path(__file__).resolve().parent
 SPACE_FILE = HERE / "space8.yaml"

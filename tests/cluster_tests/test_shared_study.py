@@ -24,7 +24,7 @@ import pytest
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState
 
-from autotune.storage import open_storage
+from autotune.search.storage import open_storage
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.slow

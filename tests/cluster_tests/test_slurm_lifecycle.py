@@ -29,12 +29,12 @@ from helpers_cluster import trial_plan
 from helpers_cluster import wait_for
 
 import autotune.runners.slurm_client as slurm_client
-from autotune.runners.base import Measurement
+from autotune.measurement import Measurement
 from autotune.runners.slurm import JOB_FILE
 from autotune.runners.slurm import JobInfo
 from autotune.runners.slurm import SlurmRunner
-from autotune.search import TuneOptions
-from autotune.search import tune
+from autotune.search.study import TuneOptions
+from autotune.search.study import tune
 
 HERE = Path(__file__).resolve().parent
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm")]

@@ -18,11 +18,11 @@ from helpers_cluster import accounting
 from helpers_cluster import first_layout
 from helpers_cluster import queued_jobs
 
-from autotune.cli import _run
-from autotune.cli import app
+from autotune.cli.app import _run
+from autotune.cli.app import app
 from autotune.exceptions import AutotuneError
-from autotune.inputs import load_config
 from autotune.runners.slurm import SlurmRunner
+from autotune.specs.inputs import load_config
 from autotune.testing import run_trial
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ from helpers_cluster import records_of
 from helpers_cluster import slurmctld_knows
 from helpers_slurm_ends import Batch
 
-from autotune.records import EXIT_CODES
 from autotune.runners.slurm import JobInfo
+from autotune.workloads.records import EXIT_CODES
 
 pytestmark = pytest.mark.slow
 

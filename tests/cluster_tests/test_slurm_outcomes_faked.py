@@ -28,7 +28,7 @@ from helpers_cluster import trial_plan
 
 import autotune.runners.slurm as slurm
 import autotune.runners.slurm_client as slurm_client
-from autotune.runners.base import Measurement
+from autotune.measurement import Measurement
 from autotune.runners.slurm import JobInfo
 from autotune.runners.slurm import SlurmRunner
 

@@ -16,12 +16,12 @@ from helpers_cluster import trial_plan
 
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import get_framework
-from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.runners.slurm import SlurmRunner
 from autotune.runners.slurm import sbatch_directives
 from autotune.runners.slurm import trial_sbatch_script
 from autotune.runners.slurm_client import parse_slurm_opts
+from autotune.specs.inputs import load_config
 
 
 def test_directives_are_checked() -> None:

@@ -19,11 +19,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from megatron_core_oracle import megatron_core_refusal
 
-from autotune.inputs import load_config
 from autotune.layout import Layout
-from autotune.rules import structural_violations
+from autotune.space.rules import structural_violations
 from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
+from autotune.specs.inputs import load_config
 
 MEGATRON_CHECKED = frozenset({
     "world_divisible_by_tp_pp_cp", "world_divisible_by_expert_grid", "experts_divisible_by_ep",
@@ -151,7 +151,7 @@ def test_deepspeed_moe_reads_the_ulysses_group_as_tensor_parallel() -> None:
 @pytest.mark.parametrize("framework", ["megatron", "deepspeed"])
 def test_moe_rules_name_their_values(framework: str) -> None:
     """A refused expert layout explains itself with its own numbers."""
-    from autotune.rules import violations
+    from autotune.space.rules import violations
 
     cfg = problem(8, framework, 6)
     layout = Layout.derived(8, cfg.train.global_batch_size, ep=4)

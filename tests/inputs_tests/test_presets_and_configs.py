@@ -8,11 +8,11 @@ import pytest
 
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import get_framework
-from autotune.inputs import load_cluster
-from autotune.inputs import load_config
-from autotune.inputs import load_model
-from autotune.inputs import model_presets
 from autotune.layout import Layout
+from autotune.specs.inputs import load_cluster
+from autotune.specs.inputs import load_config
+from autotune.specs.inputs import load_model
+from autotune.specs.inputs import model_presets
 
 RELEASED_PARAMS = {
     "llama2-7b": 6_738_415_616,

@@ -23,7 +23,7 @@ from autotune import Layout
 from autotune import enumerate_layouts
 from autotune import load_config
 from autotune import load_space
-from autotune.frameworks.megatron_args import pipeline_plan
+from autotune.frameworks.megatron.args import pipeline_plan
 
 PROBLEMS = (
     ("gpt3-175b", "dgx-a100:128", None),

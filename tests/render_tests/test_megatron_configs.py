@@ -17,7 +17,7 @@ from render_samples import Case
 from render_samples import feasible_cases
 from render_samples import on_every_sample
 
-from autotune.frameworks.megatron_args import megatron_args
+from autotune.frameworks.megatron.args import megatron_args
 from autotune.workloads.megatron_gpt import build_configs
 
 with warnings.catch_warnings():  # megatron-core warns that Transformer Engine / Apex are absent
@@ -34,7 +34,7 @@ FALSE_BY_DEFAULT = ("sequence_parallel", "bf16", "fp16")
 """TransformerConfig fields whose Megatron-LM flag is a store_true (absent: False)."""
 SCRIPT_ONLY = {"moe_grouped_gemm"}
 """Flags of the launch script the megatron-core program leaves off on purpose: grouped GEMM
-needs Transformer Engine or the grouped_gemm package (`autotune.frameworks.megatron_args`)."""
+needs Transformer Engine or the grouped_gemm package (`autotune.frameworks.megatron.args`)."""
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 """--data-parallel-sharding-strategy of Megatron-FSDP for ZeRO-2 and ZeRO-3 (arguments.py)."""
 

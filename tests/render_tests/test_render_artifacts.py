@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 from render_samples import problem
 
-import autotune
 from autotune import AutotuneError
 from autotune import Layout
 from autotune import estimate
-from autotune.constants import constants_for
-from autotune.memory import MEMORY_PARTS
-from autotune.perf import TIME_PARTS
+from autotune import templating
+from autotune.costmodel.constants import constants_for
+from autotune.costmodel.memory import MEMORY_PARTS
+from autotune.costmodel.step_time import TIME_PARTS
 from autotune.render import TrainProgram
 from autotune.render import write_artifacts
-from autotune.rules import violations
+from autotune.space.rules import violations
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("AUTOTUNE_UPDATE_GOLDEN") == "1"
@@ -53,7 +53,7 @@ def test_golden(case: str, name: str, tmp_path: Path, monkeypatch) -> None:
     """Change detector, not an oracle: the committed golden copies, read by a person when they
     are regenerated. Whether the files are right is checked against DeepSpeed, megatron-core
     and bash elsewhere; this shows every change to them in review."""
-    monkeypatch.setattr(autotune, "__version__", "VERSION")
+    monkeypatch.setattr(templating, "__version__", "VERSION")
     framework, model, cluster, layout = GOLDEN_CASES[case]
     cfg = problem(model, cluster, framework, None)
     assert violations(cfg, layout, constants_for(cfg.cluster.gpu)) == [], "golden must be legal"

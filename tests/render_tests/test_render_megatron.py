@@ -20,15 +20,15 @@ from render_samples import sample
 
 from autotune import AutotuneError
 from autotune import Layout
-from autotune.constants import constants_for
+from autotune.costmodel.constants import constants_for
 from autotune.frameworks import get_framework
-from autotune.frameworks.megatron_args import megatron_args
-from autotune.frameworks.megatron_args import pipeline_plan
-from autotune.frameworks.megatron_args import transformer_config_kwargs
-from autotune.frameworks.megatron_model import transformer_config_class
+from autotune.frameworks.megatron.args import megatron_args
+from autotune.frameworks.megatron.args import pipeline_plan
+from autotune.frameworks.megatron.args import transformer_config_kwargs
+from autotune.frameworks.megatron.model import transformer_config_class
 from autotune.render import megatron_launch_script
 from autotune.render import render_artifacts
-from autotune.rules import violations
+from autotune.space.rules import violations
 from autotune.specs import AutotuneConfig
 
 with warnings.catch_warnings():  # megatron-core warns that Transformer Engine / Apex are absent

@@ -22,7 +22,7 @@ from autotune import AutotuneConfig
 from autotune import AutotuneError
 from autotune import Layout
 from autotune import templating
-from autotune.frameworks.megatron_args import megatron_args
+from autotune.frameworks.megatron.args import megatron_args
 from autotune.render import TrainProgram
 from autotune.render import deepspeed_launch_script
 from autotune.render import megatron_launch_script

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from autotune.inputs import load_config
 from autotune.layout import Layout
+from autotune.measurement import Measurement
 from autotune.report.data import write_run_json
-from autotune.runners.base import Measurement
 from autotune.runners.base import TrialPlan
 from autotune.runners.simulate import SimulateRunner
 from autotune.scaling import sweep
-from autotune.search import TuneOptions
-from autotune.search import default_study_name
-from autotune.search import tune
-from autotune.space import load_space
+from autotune.search.study import TuneOptions
+from autotune.search.study import default_study_name
+from autotune.search.study import tune
+from autotune.space.search_space import load_space
+from autotune.specs.inputs import load_config
 
 
 class FlakyRunner(SimulateRunner):

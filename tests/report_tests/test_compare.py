@@ -8,11 +8,11 @@ from pathlib import Path
 from helpers_report import EXTERNAL
 
 from autotune.frameworks import get_framework
-from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.report import compare
 from autotune.runners.simulate import SimulateRunner
 from autotune.scaling import sweep
+from autotune.specs.inputs import load_config
 
 
 def test_compare_tune_and_scale_folders(report_dir: Path, tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ from helpers_report import SCHEMA
 
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import get_framework
-from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.report import load_run
 from autotune.report import write_report
@@ -21,6 +20,7 @@ from autotune.report.data import TRIAL_COLUMNS
 from autotune.report.render import PLOT_CAPTIONS
 from autotune.runners.simulate import SimulateRunner
 from autotune.scaling import sweep
+from autotune.specs.inputs import load_config
 
 
 def test_summary_has_stable_keys(report_dir: Path) -> None:
@@ -134,7 +134,7 @@ def test_external_reference_detector() -> None:
 
 class _AlwaysOOM(SimulateRunner):
     def run(self, plan):  # type: ignore[no-untyped-def]
-        from autotune.runners.base import Measurement
+        from autotune.measurement import Measurement
 
         return Measurement("oom", peak_memory_bytes=90e9, reason="CUDA out of memory")
 
@@ -144,9 +144,9 @@ def test_study_where_nothing_ran_ok(tmp_path: Path) -> None:
     sizes): no winner, one failure class of 3, and every plot still present with its empty-state
     text."""
     from autotune.report import write_run_json
-    from autotune.search import TuneOptions
-    from autotune.search import tune
-    from autotune.space import load_space
+    from autotune.search.study import TuneOptions
+    from autotune.search.study import tune
+    from autotune.space.search_space import load_space
 
     cfg = load_config("llama3-8b", "dgx-h100:1")
     storage = f"journal:{tmp_path / 'study.journal'}"

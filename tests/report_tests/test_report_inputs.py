@@ -11,13 +11,13 @@ import pytest
 
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import get_framework
-from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.report import compare
 from autotune.report import write_report
 from autotune.runners.command import CommandRunner
 from autotune.runners.simulate import SimulateRunner
 from autotune.scaling import sweep
+from autotune.specs.inputs import load_config
 
 MEASURED = re.compile(r"\bmeasured\b")
 SIMULATED = re.compile(r"\bsimulated\b")

@@ -8,14 +8,14 @@ from pathlib import Path
 import optuna
 import psutil
 
-from autotune.inputs import load_config
 from autotune.layout import Layout
-from autotune.sampler import layout_params
-from autotune.search import default_study_name
-from autotune.space import SearchSpace
+from autotune.search.sampler import layout_params
+from autotune.search.storage import default_storage_url
+from autotune.search.storage import open_storage
+from autotune.search.study import default_study_name
+from autotune.space.search_space import SearchSpace
 from autotune.specs import AutotuneConfig
-from autotune.storage import default_storage_url
-from autotune.storage import open_storage
+from autotune.specs.inputs import load_config
 
 SEQ, GBS = 64, 8
 """A short problem: tiny-gpt, 64 tokens per sequence, 8 sequences per step, 2 processes."""

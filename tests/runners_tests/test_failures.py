@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.records import EXIT_CODES
 from autotune.runners.failures import classify
 from autotune.runners.failures import last_exception
 from autotune.runners.failures import worker_exit_code
+from autotune.workloads.records import EXIT_CODES
 
 TORCHRUN_ROOT_CAUSE = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================

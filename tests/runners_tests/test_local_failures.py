@@ -12,11 +12,11 @@ from helpers_runners import leftovers
 from helpers_runners import pin_trials
 
 from autotune.layout import Layout
-from autotune.runners.base import Measurement
+from autotune.measurement import Measurement
 from autotune.runners.base import TrialPlan
 from autotune.runners.local import LocalRunner
-from autotune.search import TuneOptions
-from autotune.search import tune
+from autotune.search.study import TuneOptions
+from autotune.search.study import tune
 from autotune.specs import AutotuneConfig
 from autotune.testing import run_trial
 

@@ -18,11 +18,11 @@ from helpers_runners import pin_trials
 
 from autotune.layout import Layout
 from autotune.runners.local import LocalRunner
-from autotune.search import TuneOptions
-from autotune.search import default_study_name
-from autotune.search import tune
+from autotune.search.storage import default_storage_url
+from autotune.search.study import TuneOptions
+from autotune.search.study import default_study_name
+from autotune.search.study import tune
 from autotune.specs import AutotuneConfig
-from autotune.storage import default_storage_url
 
 LAYOUTS = [
     Layout(dp=2, zero=0, mbs=4, gas=1),
@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from helpers_runners import SPACE, tiny_config
 from autotune.runners.local import LocalRunner
-from autotune.search import TuneOptions, tune
+from autotune.search.study import TuneOptions, tune
 
 out = Path(sys.argv[1])
 tune(tiny_config(), SPACE, LocalRunner(**{runner!r}),

@@ -8,12 +8,12 @@ import pytest
 from helpers_runners import tiny_config
 
 from autotune.exceptions import AutotuneError
-from autotune.inputs import load_config
 from autotune.layout import Layout
-from autotune.records import parse_records
-from autotune.records import step_time_spread as spread
 from autotune.runners.base import TrialPlan
 from autotune.runners.local import LocalRunner
+from autotune.specs.inputs import load_config
+from autotune.workloads.records import parse_records
+from autotune.workloads.records import step_time_spread as spread
 
 
 def test_bad_options_are_clear_errors(tmp_path: Path) -> None:

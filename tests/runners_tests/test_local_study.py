@@ -10,11 +10,11 @@ from helpers_runners import SPACE
 from helpers_runners import leftovers
 from helpers_runners import pin_trials
 
+from autotune.calibration.refit import refit_study
 from autotune.layout import Layout
-from autotune.refit import refit_study
 from autotune.runners.local import LocalRunner
-from autotune.search import TuneOptions
-from autotune.search import tune
+from autotune.search.study import TuneOptions
+from autotune.search.study import tune
 from autotune.specs import AutotuneConfig
 
 LAYOUTS = [

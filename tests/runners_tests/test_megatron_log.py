@@ -10,10 +10,10 @@ import pytest
 from helpers_runners import leftovers
 from helpers_runners import tiny_config
 
-from autotune.frameworks.megatron_log import MIB
-from autotune.frameworks.megatron_log import MegatronLog
-from autotune.frameworks.megatron_log import parse_iteration
-from autotune.frameworks.megatron_log import parse_memory
+from autotune.frameworks.megatron.log import MIB
+from autotune.frameworks.megatron.log import MegatronLog
+from autotune.frameworks.megatron.log import parse_iteration
+from autotune.frameworks.megatron.log import parse_memory
 from autotune.layout import Layout
 from autotune.runners.local import LocalRunner
 from autotune.testing import run_trial

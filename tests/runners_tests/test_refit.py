@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.constants import constants_for
-from autotune.inputs import load_config
+from autotune.calibration.refit import refit_study
+from autotune.costmodel.constants import constants_for
+from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.layout import Layout
-from autotune.memory import usable_gpu_bytes
-from autotune.refit import refit_study
 from autotune.runners.simulate import SimulateRunner
-from autotune.search import TuneOptions
-from autotune.search import tune
-from autotune.space import load_space
+from autotune.search.study import TuneOptions
+from autotune.search.study import tune
+from autotune.space.search_space import load_space
+from autotune.specs.inputs import load_config
 
 CFG = load_config("llama3-8b", "dgx-h100:4")
 SPACE = load_space(None, "megatron")

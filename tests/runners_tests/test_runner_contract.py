@@ -13,11 +13,11 @@ import sys
 import pytest
 from helpers_runners import tiny_config
 
-from autotune.inputs import load_config
 from autotune.layout import Layout
 from autotune.runners.command import CommandRunner
 from autotune.runners.local import LocalRunner
 from autotune.runners.simulate import SimulateRunner
+from autotune.specs.inputs import load_config
 from autotune.testing import RunnerContract
 
 STEPS = (

@@ -10,9 +10,8 @@ import pytest
 
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import get_framework
-from autotune.inputs import load_config
 from autotune.layout import Layout
-from autotune.runners.base import Measurement
+from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.simulate import SimulateRunner
@@ -28,6 +27,7 @@ from autotune.scaling import read_scaling
 from autotune.scaling import resized
 from autotune.scaling import sweep
 from autotune.scaling import text_table
+from autotune.specs.inputs import load_config
 
 NODES_1_TO_128 = [8 * 2**i for i in range(8)]
 

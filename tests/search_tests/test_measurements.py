@@ -11,15 +11,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from optuna.trial import TrialState
 
-from autotune.inputs import load_config
-from autotune.runners.base import Measurement
+from autotune.measurement import Measurement
+from autotune.measurement import validated
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
-from autotune.runners.base import validated
 from autotune.runners.command import CommandRunner
-from autotune.search import TuneOptions
-from autotune.search import tune
-from autotune.space import load_space
+from autotune.search.study import TuneOptions
+from autotune.search.study import tune
+from autotune.space.search_space import load_space
+from autotune.specs.inputs import load_config
 
 SMALL = load_config("gpt3-1.3b", "dgx-a100:1")
 SPACE = load_space(None, "megatron").model_copy(

@@ -7,20 +7,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune.constants import constants_for
-from autotune.estimate import evaluate
-from autotune.inputs import load_config
+from autotune.costmodel.constants import constants_for
+from autotune.costmodel.estimate import evaluate
 from autotune.layout import LayoutTable
-from autotune.memory_learning import GIB
-from autotune.memory_learning import MemoryParts
-from autotune.memory_learning import fit_memory
-from autotune.runners.base import Measurement
+from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
-from autotune.search import TuneOptions
-from autotune.search import tune
-from autotune.space import enumerate_layouts
-from autotune.space import load_space
+from autotune.search.memory_learning import GIB
+from autotune.search.memory_learning import MemoryParts
+from autotune.search.memory_learning import fit_memory
+from autotune.search.study import TuneOptions
+from autotune.search.study import tune
+from autotune.space.search_space import enumerate_layouts
+from autotune.space.search_space import load_space
+from autotune.specs.inputs import load_config
 
 CFG = load_config("llama3-70b", "dgx-h100:8")
 K = constants_for(CFG.cluster.gpu)

@@ -11,12 +11,12 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 from optuna.trial import create_trial
 
-from autotune.inputs import load_config
 from autotune.runners.command import CommandRunner
-from autotune.sampler import NoiseAwarePruner
-from autotune.search import TuneOptions
-from autotune.search import tune
-from autotune.space import load_space
+from autotune.search.sampler import NoiseAwarePruner
+from autotune.search.study import TuneOptions
+from autotune.search.study import tune
+from autotune.space.search_space import load_space
+from autotune.specs.inputs import load_config
 
 
 def _study_with_best(value: float, spread: float) -> optuna.Study:

@@ -12,13 +12,13 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.exceptions import AutotuneError
-from autotune.inputs import load_config
 from autotune.runners.command import CommandRunner
 from autotune.runners.simulate import SimulateRunner
-from autotune.search import TuneOptions
-from autotune.search import recover_interrupted
-from autotune.search import tune
-from autotune.space import load_space
+from autotune.search.study import TuneOptions
+from autotune.search.study import recover_interrupted
+from autotune.search.study import tune
+from autotune.space.search_space import load_space
+from autotune.specs.inputs import load_config
 
 CFG = load_config("llama3-8b", "dgx-h100:4")
 SPACE = load_space(None, "megatron")

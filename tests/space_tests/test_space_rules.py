@@ -7,21 +7,21 @@ import warnings
 import numpy as np
 import pytest
 
-from autotune.constants import Constants
+from autotune.costmodel.constants import Constants
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
-from autotune.frameworks.megatron_args import edge_layers
-from autotune.inputs import load_config
+from autotune.frameworks.megatron.args import edge_layers
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
-from autotune.rules import RULES
-from autotune.rules import violations
-from autotune.sampler import distributions
-from autotune.space import SearchSpace
-from autotune.space import candidates
-from autotune.space import enumerate_layouts
-from autotune.space import load_space
-from autotune.space import narrowed
+from autotune.search.sampler import distributions
+from autotune.space.rules import RULES
+from autotune.space.rules import violations
+from autotune.space.search_space import SearchSpace
+from autotune.space.search_space import candidates
+from autotune.space.search_space import enumerate_layouts
+from autotune.space.search_space import load_space
+from autotune.space.search_space import narrowed
+from autotune.specs.inputs import load_config
 
 K = Constants()
 
@@ -229,7 +229,8 @@ def test_default_space_expresses_published_recipes(model, cluster, seq, dims) ->
 
 
 def test_a_space_file_may_derive_only_the_parallel_degrees(tmp_path) -> None:
-    """Oracle: the space file format (autotune/space.py): `derived` stands for tp, pp, cp or vpp
+    """Oracle: the space file format (autotune/space/search_space.py): `derived` stands for tp,
+    pp, cp or vpp
     only; anything else is a clear one-line error naming the dimension."""
     bad = tmp_path / "bad.yaml"
     bad.write_text("dims:\n  mbs: derived\n")

@@ -13,8 +13,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from autotune.hf import hf_to_megatron
 from autotune.specs import ModelSpec
+from autotune.specs.hf import hf_to_megatron
 
 HF_CONFIGS = Path(__file__).parent / "hf_configs"
 PUBLISHED = sorted(path.stem.replace("--", "/") for path in HF_CONFIGS.glob("*.json"))

@@ -1,4 +1,4 @@
-"""Hugging Face config.json import (autotune/hf.py): what it reads, and what it refuses."""
+"""Hugging Face config.json import (autotune/specs/hf.py): what it reads, and what it refuses."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from helpers_models import hf_param_count
 from helpers_models import published
 from helpers_models import spec
 
-from autotune.cli import _run
-from autotune.cli import app
+from autotune.cli.app import _run
+from autotune.cli.app import app
 from autotune.exceptions import AutotuneError
-from autotune.inputs import load_model
+from autotune.specs.inputs import load_model
 
 pytest.importorskip("transformers")
 

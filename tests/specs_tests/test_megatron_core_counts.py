@@ -19,11 +19,11 @@ import torch
 from helpers_models import published
 from helpers_models import spec
 
-from autotune.frameworks.megatron_model import gpt_model_kwargs
-from autotune.frameworks.megatron_model import transformer_config_class
-from autotune.frameworks.megatron_model import transformer_config_kwargs
-from autotune.inputs import load_model
+from autotune.frameworks.megatron.model import gpt_model_kwargs
+from autotune.frameworks.megatron.model import transformer_config_class
+from autotune.frameworks.megatron.model import transformer_config_kwargs
 from autotune.specs import ModelSpec
+from autotune.specs.inputs import load_model
 
 SMALL = {"num_layers": 3, "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 96,
          "vocab_size": 100, "max_position_embeddings": 64}

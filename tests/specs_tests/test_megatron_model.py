@@ -13,13 +13,13 @@ from helpers_models import published
 from helpers_models import spec
 
 from autotune.exceptions import AutotuneError
-from autotune.frameworks.megatron_model import gpt_model_kwargs
-from autotune.frameworks.megatron_model import model_args
-from autotune.frameworks.megatron_model import transformer_config_class
-from autotune.frameworks.megatron_model import transformer_config_kwargs
-from autotune.inputs import load_model
-from autotune.inputs import model_presets
+from autotune.frameworks.megatron.model import gpt_model_kwargs
+from autotune.frameworks.megatron.model import model_args
+from autotune.frameworks.megatron.model import transformer_config_class
+from autotune.frameworks.megatron.model import transformer_config_kwargs
 from autotune.specs import ModelSpec
+from autotune.specs.inputs import load_model
+from autotune.specs.inputs import model_presets
 
 FLAGS_FILE = Path(__file__).resolve().parents[1] / "render_tests" / "megatron_lm_flags.txt"
 MEGATRON_FLAGS = {line.strip() for line in FLAGS_FILE.read_text().splitlines()

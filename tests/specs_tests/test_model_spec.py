@@ -9,8 +9,8 @@ from helpers_models import published
 from helpers_models import spec
 from pydantic import ValidationError
 
-from autotune.inputs import load_model
 from autotune.specs import ModelSpec
+from autotune.specs.inputs import load_model
 
 BASE = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}
 

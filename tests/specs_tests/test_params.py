@@ -1,4 +1,5 @@
-"""Parameter counts (autotune/params.py) against transformers' models and published figures."""
+"""Parameter counts (autotune/specs/params.py) against transformers' models and published
+figures."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from autotune.inputs import load_model
+from autotune.specs.inputs import load_model
 from autotune.workloads import deepspeed_gpt
 from autotune.workloads.common import exit_now
 from autotune.workloads.common import read_json

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from autotune import records
 from autotune.layout import Layout
 from autotune.workloads import common
 from autotune.workloads import deepspeed_gpt
 from autotune.workloads import megatron_gpt
+from autotune.workloads import records
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ("workload_parser", "SEED", "Reporter", "read_layout", "inject_failure", "train_loop",

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from autotune.exceptions import AutotuneError
-from autotune.inputs import load_model
 from autotune.layout import Layout
+from autotune.specs.inputs import load_model
 from autotune.workloads import WORKLOADS
 from autotune.workloads import common
 from autotune.workloads import deepspeed_gpt

@@ -26,7 +26,7 @@ from test_deepspeed_gpt import Trial
 from test_deepspeed_gpt import run_trial
 from test_deepspeed_gpt import write_trial
 
-from autotune.inputs import load_model
+from autotune.specs.inputs import load_model
 from autotune.workloads import deepspeed_gpt
 
 MODEL = "tiny-moe"

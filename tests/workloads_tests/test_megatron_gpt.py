@@ -20,14 +20,14 @@ import pytest
 import torch
 
 from autotune.exceptions import AutotuneError
-from autotune.inputs import load_config
 from autotune.layout import Layout
-from autotune.records import EXIT_CODES
-from autotune.rules import violations
-from autotune.space import SearchSpace
-from autotune.space import enumerate_layouts
-from autotune.space import load_space
+from autotune.space.rules import violations
+from autotune.space.search_space import SearchSpace
+from autotune.space.search_space import enumerate_layouts
+from autotune.space.search_space import load_space
+from autotune.specs.inputs import load_config
 from autotune.workloads import megatron_gpt as mg
+from autotune.workloads.records import EXIT_CODES
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_CUDA = not torch.cuda.is_available()
@@ -300,7 +300,7 @@ def test_layouts_the_rules_refuse_do_not_build(
 
 
 def _constants(cfg: Any) -> Any:
-    from autotune.constants import constants_for
+    from autotune.costmodel.constants import constants_for
 
     return constants_for(cfg.cluster.gpu)
 

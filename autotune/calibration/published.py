@@ -1,0 +1,412 @@
+"""Published measured runs (`data/published_runs.csv`): FLOPs conventions, measured step time,
+and the autotune problem and candidate layouts each row stands for.
+
+`data/README.md` describes the columns, the sources and the conventions. Each published figure is
+turned into a step time with the FLOPs convention it was computed with, so every row can then be
+compared in autotune's own convention (Megatron-Core's causal count, `autotune.costmodel.flops`).
+A row the model cannot express (MoE, a GPU without a preset, a recompute policy or pipeline
+layout it lacks) carries the reason in `PublishedRun.skip`.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from autotune.costmodel.constants import Constants
+from autotune.costmodel.constants import constants_for
+from autotune.costmodel.flops import attention_flops_per_token_per_layer
+from autotune.costmodel.flops import model_flops
+from autotune.costmodel.memory import estimate_memory
+from autotune.costmodel.memory import usable_gpu_bytes
+from autotune.frameworks import framework_of
+from autotune.frameworks.base import RuleGroup
+from autotune.layout import RECOMPUTES
+from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.space.rules import MEMORY_RULE_NAMES
+from autotune.space.rules import rules_for
+from autotune.specs import AutotuneConfig
+from autotune.specs import ModelSpec
+from autotune.specs import TrainSpec
+from autotune.specs.inputs import load_cluster
+from autotune.specs.inputs import load_model
+
+PUBLISHED_RUNS = Path(__file__).resolve().parents[2] / "data" / "published_runs.csv"
+"""The published runs of a source checkout."""
+
+GPU_CLUSTERS = {"A100-SXM-80GB": "dgx-a100", "H100-SXM-80GB": "dgx-h100",
+                "H200-SXM-141GB": "hgx-h200"}
+"""GPU types of the data that have a cluster preset (others are skipped)."""
+
+FRAMEWORKS = {
+    "Megatron-LM": "megatron", "Megatron-DeepSpeed": "megatron", "NeMo": "megatron",
+    "Megatron-Bridge": "megatron", "Meta 4D": "megatron",
+    "DeepSpeed": "deepspeed", "torchtitan": "deepspeed", "LLM Foundry": "deepspeed",
+}
+"""Framework column prefix → the autotune framework whose rules and formulas express it:
+Megatron-style 3D parallelism or FSDP/ZeRO-style sharded data parallelism."""
+
+_SHARDING = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+_PRECISION = {"16-bit": "bf16", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+RELEASED_PRESETS = {"DeepSeek-V3": "deepseek-v3"}
+"""Rows whose model the CSV's columns cannot describe (multi-latent attention, shared experts,
+dense first layers), by the `model` column: the preset built from its released config.json."""
+RELEASED_FIELDS: dict[str, dict[str, Any]] = {
+    # Qwen/Qwen3-30B-A3B config.json: head_dim 128 (not hidden/heads), q/k norms, rope_theta 1e6
+    "Qwen3-30B-A3B": {"kv_channels": 128, "qk_layernorm": True, "rotary_base": 1.0e6},
+}
+"""Fields of the released config.json that the CSV has no column for, by the `model` column."""
+RUN_SETTINGS: dict[str, dict[str, Any]] = {
+    # NVIDIA-NeMo/Megatron-Bridge scripts/performance/run_script.py @
+    # bf71eba07bae8d36f08b796c106d1197d46ad541 (v0.1.0rc3, the 25.09 scripts): DeepSeek-V3 on
+    # H100 enables DeepEP (flex dispatcher), the EP all-to-all 1F1B overlap with delayed weight
+    # gradients, and turns the gradient-reduce overlap off
+    "mbridge_2509_h100_deepseekv3_1024": {"moe_token_dispatcher": "flex",
+                                          "moe_a2a_overlap": True,
+                                          "overlap_grad_reduce": False},
+}
+"""Training settings of a run that its launch script sets and the CSV has no column for, by
+`row_id`."""
+_POSITIONS = {"alibi": "rope"}  # position schemes without weights map onto rope
+RUN_MEMORY_TOLERANCE = 0.03
+"""A run that happened may be predicted this fraction over the usable memory and still count as
+fitting (the memory model's error margin, as the published-layouts benchmark allows)."""
+
+
+# --- FLOPs conventions (FLOPs of one iteration of `batch` sequences) -----------------------------
+
+
+def sc21_eq3_flops(model: ModelSpec, seq: float, batch: float, vocab: float) -> float:
+    """Narayanan et al. 2021, Eq. 3: 96·B·s·l·h²·(1 + s/6h + V/16lh), full recompute included.
+
+    Defined for plain GPT layers (MHA, 4h two-matrix MLP); raises ValueError for other shapes.
+    """
+    h, layers = model.hidden_size, model.num_layers
+    if model.gated or model.ffn != 4 * h or model.query_groups != model.num_attention_heads:
+        raise ValueError(f"SC21 Eq. 3 assumes a plain GPT layer; {model.name} is not one")
+    return 96.0 * batch * seq * layers * h * h * (1 + seq / (6 * h) + vocab / (16 * layers * h))
+
+
+def megatron_noncausal_flops(model: ModelSpec, seq: float, batch: float, vocab: float) -> float:
+    """Megatron-Core r0.8.0 / NeMo before August 2025: the causal count with the attention-score
+    term not halved (for GPT: 72·B·s·l·h²·(1 + s/6h + V/12lh), Korthikanti et al. 2022 Eq. 7)."""
+    scores = batch * seq * model.num_layers * attention_flops_per_token_per_layer(model, seq)
+    return float(model_flops(model, seq, batch, vocab) + scores)
+
+
+def megatron_causal_flops(model: ModelSpec, seq: float, batch: float, vocab: float) -> float:
+    """Megatron-Core's current `num_floating_point_operations`: autotune's own convention."""
+    return float(model_flops(model, seq, batch, vocab))
+
+
+def palm_flops(model: ModelSpec, seq: float, batch: float, params: float) -> float:
+    """PaLM (Chowdhery et al. 2022, App. B): per token 6·N + 12·L·H·Q·T, with N the parameters
+    the source counts and H·Q the attention width (torchtitan, LLM Foundry, Llama 3)."""
+    width = model.num_attention_heads * model.head_dim
+    return batch * seq * (6.0 * params + 12.0 * model.num_layers * width * seq)
+
+
+CONVENTIONS: dict[str, Callable[..., float]] = {
+    "SC21_EQ3": sc21_eq3_flops,
+    "MCORE_R080": megatron_noncausal_flops,
+    "MCORE": megatron_causal_flops,
+    "PALM": palm_flops,
+}
+"""`flops_definition` values of the data and their formulas."""
+
+
+def published_flops(row: dict[str, str], model: ModelSpec) -> float:
+    """FLOPs of one iteration in the row's own convention (`flops_definition`)."""
+    name = row["flops_definition"]
+    if name not in CONVENTIONS:
+        raise ValueError(f"{row['row_id']}: unknown flops_definition {name!r}")
+    seq, batch = float(row["seq_length"]), float(row["global_batch_size"])
+    last = float(row["flops_params"]) if name == "PALM" else float(row["vocab_size"])
+    return CONVENTIONS[name](model, seq, batch, last)
+
+
+def measured_step_s(row: dict[str, str], model: ModelSpec) -> tuple[float, str] | None:
+    """The measured step time and the figure it comes from, most direct figure first:
+    iteration time, tokens/s per GPU, TFLOP/s per GPU, then MFU (both in the row's convention)."""
+    gpus = float(row["num_gpus"])
+    if row["iteration_time_s"]:
+        return float(row["iteration_time_s"]), "iteration time"
+    tokens = float(row["global_batch_size"]) * float(row["seq_length"])
+    if row["tokens_per_sec_per_gpu"]:
+        return tokens / (float(row["tokens_per_sec_per_gpu"]) * gpus), "tokens/s"
+    if row["flops_definition"] not in CONVENTIONS:
+        return None
+    if row["tflops_per_gpu"]:
+        tflops, basis = float(row["tflops_per_gpu"]), "TFLOP/s"
+    elif row["mfu_pct"] and row["peak_tflops_basis"]:
+        tflops, basis = float(row["mfu_pct"]) / 100 * float(row["peak_tflops_basis"]), "MFU"
+    else:
+        return None
+    step = published_flops(row, model) / (tflops * 1e12 * gpus)
+    return step, f"{basis} ({row['flops_definition']})"
+
+
+# --- rows as autotune problems -------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedRun:
+    """One row of the data as an autotune problem.
+
+    `layouts` are the published layout's candidates (every choice of the dimensions the source
+    left unpublished) that break no structural rule, the memory-fitting ones when any fits.
+    `skip` says why the model cannot express the row (then cfg and layouts may be empty).
+    """
+
+    row: dict[str, str]
+    cfg: AutotuneConfig | None
+    layouts: tuple[Layout, ...]
+    step_time_s: float | None
+    basis: str
+    skip: str | None
+    substitutions: tuple[str, ...] = ()
+    broken_rule: str | None = None
+    """The first structural rule every candidate breaks (the layout is then skipped)."""
+    published_zero: int | None = None
+    """The sharding as published where the rules made the candidates use another (Llama 3's
+    FSDP zero2 with pp>1 runs as zero1): memory is judged with the published one."""
+
+    def as_published(self, layout: Layout) -> Layout:
+        """The candidate with the published sharding (what ran, for its memory)."""
+        if self.published_zero is None:
+            return layout
+        return dataclasses.replace(layout, zero=self.published_zero)
+
+    @property
+    def name(self) -> str:
+        """The row id."""
+        return self.row["row_id"]
+
+    @property
+    def source(self) -> str:
+        """The publication the row comes from (`source_id`)."""
+        return self.row["source_id"]
+
+
+def read_rows(path: str | Path = PUBLISHED_RUNS) -> list[dict[str, str]]:
+    """The CSV rows as dicts of strings."""
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def autotune_framework(row: dict[str, str]) -> str:
+    """The autotune framework that expresses the row's framework."""
+    for prefix, framework in FRAMEWORKS.items():
+        if row["framework"].startswith(prefix):
+            return framework
+    raise ValueError(f"{row['row_id']}: framework {row['framework']!r} has no mapping")
+
+
+def model_spec(row: dict[str, str]) -> ModelSpec:
+    """The row's model in autotune's vocabulary (ValueError when the shape is invalid)."""
+    if row["model"] in RELEASED_PRESETS:
+        return load_model(RELEASED_PRESETS[row["model"]])
+    experts: dict[str, Any] = {}
+    if row["num_experts"]:
+        experts = {"num_experts": int(row["num_experts"]),
+                   "moe_router_topk": int(row["moe_topk"]),
+                   "moe_ffn_hidden_size": int(row["moe_ffn_hidden_size"])}
+    return ModelSpec(
+        name=row["model"],
+        num_layers=int(row["num_layers"]),
+        hidden_size=int(row["hidden_size"]),
+        num_attention_heads=int(row["num_attention_heads"]),
+        num_query_groups=int(row["num_kv_heads"] or row["num_attention_heads"]),
+        ffn_hidden_size=int(row["ffn_hidden_size"] or 4 * int(row["hidden_size"])),
+        vocab_size=int(row["vocab_size"]),
+        activation=row["activation"],
+        tied_embeddings=row["tied_embeddings"] == "yes",
+        max_position_embeddings=int(row["seq_length"]),
+        normalization=row["normalization"],
+        position_embedding=_POSITIONS.get(row["position_embedding"], row["position_embedding"]),
+        add_bias_linear=row["add_bias_linear"] == "yes",
+        **({"hidden_dropout": float(row["dropout"]), "attention_dropout": float(row["dropout"])}
+           if row["dropout"] else {}),
+        **experts,
+        **RELEASED_FIELDS.get(row["model"], {}),
+    )
+
+
+def problem(row: dict[str, str]) -> AutotuneConfig:
+    """Model, cluster (the GPU's preset, with the published network where given) and setup."""
+    gpus = int(row["num_gpus"])
+    cluster = load_cluster(f"{GPU_CLUSTERS[row['gpu_type']]}:{max(-(-gpus // 8), 1)}")
+    update: dict[str, Any] = {"gpus_per_node": gpus} if gpus < 8 else {}
+    if row["inter_node_gb_s_per_gpu"]:
+        update["inter_node_gb_s"] = float(row["inter_node_gb_s_per_gpu"])
+    setup: dict[str, Any] = {
+        "seq_length": int(row["seq_length"]),
+        "global_batch_size": int(row["global_batch_size"]),
+        "precision": _PRECISION[row["precision"]],
+        "framework": autotune_framework(row),
+        "flash_attention": row["fused_attention"] != "no",
+        "overlap_grad_reduce": row["overlap_grad_reduce"] != "no",
+        "tp_comm_overlap": row["tp_comm_overlap"] == "yes",
+    }
+    train = TrainSpec(**(setup | RUN_SETTINGS.get(row["row_id"], {})))
+    return AutotuneConfig(
+        model=model_spec(row), cluster=cluster.model_copy(update=update), train=train
+    )
+
+
+def _published_zero(row: dict[str, str], cfg: AutotuneConfig) -> int | None:
+    """The published ZeRO stage where the framework's ZeRO rules refuse it with the row's
+    pipeline (zero2 with pp>1: `_options` then runs zero1), else None."""
+    if _SHARDING.get(row["sharding"]) != 2 or int(row["pp"]) == 1:
+        return None
+    probe = LayoutTable.from_layouts([Layout(pp=int(row["pp"]), zero=2)])
+    k = constants_for(cfg.cluster.gpu)
+    zero_rules = [r for r in rules_for(cfg.train.framework) if r.group == RuleGroup.ZERO]
+    return 2 if any(bool(r.check(cfg, probe, k)[0]) for r in zero_rules) else None
+
+
+def _options(row: dict[str, str], cfg: AutotuneConfig) -> tuple[dict[str, list[Any]], list[str]]:
+    """Candidate values of each layout dimension, and the substitutions made to express it."""
+    framework = cfg.train.framework
+    tp, pp, dp = int(row["tp"]), int(row["pp"]), int(row["dp"])
+    notes: list[str] = []
+    if row["vpp"]:
+        vpp = [int(row["vpp"])]
+    else:  # every vpp the framework can split the layers with (the rules drop the others)
+        tries = np.arange(1, cfg.model.num_layers // pp + 2)
+        split = framework_of(cfg).split_layers(cfg, np.full(len(tries), pp), tries)
+        vpp = [int(v) for v in tries[split.legal]] or [1]
+    gbs = cfg.train.global_batch_size
+    mbs = ([int(row["micro_batch_size"])] if row["micro_batch_size"]
+           else [m for m in (1, 2, 4, 8) if gbs % (m * dp) == 0])
+    if row["sharding"]:
+        zero = _SHARDING[row["sharding"]]
+        if _published_zero(row, cfg) is not None:
+            notes.append("zero2 with pp>1 expressed as zero1 (the framework's ZeRO rules refuse "
+                         "it); memory judged as zero2")
+            zero = 1
+        zeros = [zero]
+    else:
+        zeros = [0, 1]
+    recompute = [row["recompute"]] if row["recompute"] else list(RECOMPUTES)
+    if framework != "megatron" or tp == 1:
+        if row["sequence_parallel"] == "yes" and framework != "megatron":
+            notes.append("sequence parallelism dropped (autotune's DeepSpeed has none)")
+        sp = [False]
+    else:
+        sp = [row["sequence_parallel"] == "yes"] if row["sequence_parallel"] else [True, False]
+    options: dict[str, list[Any]] = {
+        "tp": [tp], "pp": [pp], "cp": [int(row["cp"] or 1)], "vpp": vpp, "zero": zeros,
+        "mbs": mbs, "recompute": recompute, "sp": sp, "ep": [int(row["ep"] or 1)],
+    }
+    return options, notes
+
+
+def candidates(row: dict[str, str], cfg: AutotuneConfig) -> tuple[list[Layout], list[str]]:
+    """Every layout the published one may have been (unpublished dimensions enumerated)."""
+    options, notes = _options(row, cfg)
+    world, gbs = cfg.world_size, cfg.train.global_batch_size
+    layouts = [
+        Layout.derived(world, gbs, tp=options["tp"][0], pp=options["pp"][0], cp=options["cp"][0],
+                       vpp=v, zero=z, mbs=m, recompute=r, sp=s, ep=options["ep"][0])
+        for v in options["vpp"] for z in options["zero"] for m in options["mbs"]
+        for r in options["recompute"] for s in options["sp"]
+    ]
+    return layouts, notes
+
+
+def structural_violation(cfg: AutotuneConfig, table: LayoutTable, k: Constants) -> np.ndarray:
+    """Index of the first structural (non-memory) rule each layout breaks, −1 where none."""
+    first = np.full(len(table), -1)
+    for index, rule in enumerate(rules_for(cfg.train.framework)):
+        if rule.name in MEMORY_RULE_NAMES:
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            broken = rule.check(cfg, table, k) & (first < 0)
+        first[broken] = index
+    return first
+
+
+def _skip_reason(row: dict[str, str]) -> str | None:
+    if row["gpu_type"] not in GPU_CLUSTERS:
+        return f"no cluster preset for GPU {row['gpu_type']}"
+    if row["recompute"] and row["recompute"] not in RECOMPUTES:
+        return f"recompute policy {row['recompute']!r} not expressible"
+    return None
+
+
+def published_run(row: dict[str, str]) -> PublishedRun:
+    """The row as an autotune problem, its candidate layouts and its measured step time."""
+    skip = _skip_reason(row)
+    if skip:
+        return PublishedRun(row, None, (), None, "", skip)
+    try:
+        cfg = problem(row)
+    except (ValidationError, ValueError) as error:
+        message = str(error).splitlines()[0]
+        return PublishedRun(row, None, (), None, "", f"model not expressible: {message}")
+    measured = measured_step_s(row, cfg.model) if row["kind"] == "measured" else None
+    step, basis = measured if measured else (None, "")
+    layouts, notes = candidates(row, cfg)
+    k = constants_for(cfg.cluster.gpu)
+    table = LayoutTable.from_layouts(layouts)
+    first = structural_violation(cfg, table, k)
+    legal = [lay for lay, broken in zip(layouts, first, strict=True) if broken < 0]
+    if not legal:
+        rule = rules_for(cfg.train.framework)[int(first.min())].name
+        if row["pipeline_layout"] and rule == "layers_divisible_by_pp_vpp":
+            reason = f"needs pipeline accounting the model lacks ({rule})"
+            return PublishedRun(row, cfg, (), step, basis, reason, tuple(notes))
+        reason = f"published layout breaks rule {rule}"
+        return PublishedRun(row, cfg, (), step, basis, reason, tuple(notes), rule)
+    zero = _published_zero(row, cfg)
+    published = [lay if zero is None else dataclasses.replace(lay, zero=zero) for lay in legal]
+    fits = memory_fits(cfg, published, k)
+    if fits.any():
+        legal = [lay for lay, ok in zip(legal, fits, strict=True) if ok]
+    return PublishedRun(row, cfg, tuple(legal), step, basis, None, tuple(notes),
+                        published_zero=zero)
+
+
+def memory_fits(cfg: AutotuneConfig, layouts: list[Layout], k: Constants) -> np.ndarray:
+    """Whether each layout's predicted peak memory fits the usable GPU memory (within
+    RUN_MEMORY_TOLERANCE: these layouts ran)."""
+    peak = estimate_memory(cfg, LayoutTable.from_layouts(layouts), k)["total"]
+    return peak <= usable_gpu_bytes(cfg, k) * (1 + RUN_MEMORY_TOLERANCE)
+
+
+def open_dimensions(layouts: tuple[Layout, ...]) -> set[str]:
+    """The dimensions that differ between candidates (the ones the source left unpublished)."""
+    dims = ("vpp", "zero", "mbs", "recompute", "sp")
+    return {d for d in dims if len({getattr(lay, d) for lay in layouts}) > 1}
+
+
+def label(layout: Layout, open_dims: AbstractSet[str] = frozenset()) -> str:
+    """A compact layout label, '*' after each dimension the model chose (`open_dims`)."""
+
+    def mark(dim: str, text: str) -> str:
+        return text + ("*" if dim in open_dims else "")
+
+    rc = {"none": "rn", "selective": "rs", "full": "rf"}[layout.recompute]
+    parts = [f"tp{layout.tp}", f"pp{layout.pp}", f"dp{layout.dp}"]
+    parts += [f"cp{layout.cp}"] if layout.cp > 1 else []
+    parts += [mark("vpp", f"v{layout.vpp}"), mark("zero", f"z{layout.zero}"),
+              mark("mbs", f"mb{layout.mbs}"), mark("recompute", rc)]
+    if layout.offload != "none":
+        parts.append(f"off-{layout.offload}")
+    if layout.sp or "sp" in open_dims:
+        parts.append(mark("sp", "sp" if layout.sp else "nosp"))
+    return " ".join(parts)
+
+
+def published_runs(path: str | Path = PUBLISHED_RUNS) -> list[PublishedRun]:
+    """Every row of the published-runs CSV as a PublishedRun."""
+    return [published_run(row) for row in read_rows(path)]

@@ -1,0 +1,6 @@
+"""The `autotune` command line: a thin Typer app over the API (parse, call, print with rich)."""
+
+from autotune.cli.app import app
+from autotune.cli.app import main
+
+__all__ = ["app", "main"]

@@ -1,0 +1,795 @@
+"""The `autotune` command line: parse options into a typed config, call the library, print.
+
+The exit codes are set in one place, `_run`: 0 done; 1 the work failed (no trial or sweep point
+measured a throughput, or an internal error); 2 bad input or usage, printed as one line that
+names the option or field and the fix; 130 interrupted (Ctrl-C), with the command that resumes
+the study. `--debug` shows tracebacks instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import shlex
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+from typing import Any
+from typing import TypeVar
+
+import typer
+from pydantic import BaseModel
+from pydantic import ValidationError
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn
+from rich.progress import MofNCompleteColumn
+from rich.progress import Progress
+from rich.progress import SpinnerColumn
+from rich.progress import TextColumn
+from rich.progress import TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from autotune.costmodel.estimate import Estimate
+from autotune.costmodel.estimate import estimate as estimate_layout
+from autotune.costmodel.estimate import row_estimate
+from autotune.costmodel.memory import GIB
+from autotune.exceptions import AutotuneError
+from autotune.run import Problem
+from autotune.run import RunConfig
+from autotune.run import ScaleSettings
+from autotune.run import TuneSettings
+from autotune.run import check_layout
+from autotune.run import prepare_out
+from autotune.run import resume_command
+from autotune.runners.factory import RunnerSettings
+from autotune.runners.factory import figure_label
+from autotune.space.search_space import enumerate_layouts
+from autotune.space.search_space import load_space
+from autotune.space.search_space import no_feasible_message
+from autotune.specs import AutotuneConfig
+from autotune.specs import TrainSpec
+from autotune.specs.inputs import validation_message
+from autotune.specs.inputs import validation_problems
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+"""The exit codes (see the module docstring)."""
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Find the fastest way to train a transformer on a cluster.",
+)
+console = Console() if sys.stdout.isatty() else Console(width=160)
+err_console = Console(stderr=True)
+_state: dict[str, Any] = {"debug": False, "resume": ""}
+"""Set while a command runs: --debug, and the command that resumes an interrupted study."""
+
+# --- options ----------------------------------------------------------------------------------
+
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Preset name, YAML file or HF config.json.")
+]
+ClusterOpt = Annotated[
+    str, typer.Option("--cluster", "-c", help="NAME:NODES preset, YAML file or 'local'.")
+]
+FrameworkOpt = Annotated[
+    str | None,
+    typer.Option(help="megatron or deepspeed (default: megatron; deepspeed for local CPU "
+                 "trials without --megatron-lm)."),
+]
+SpaceOpt = Annotated[
+    str | None, typer.Option("--space", help="Search space YAML or bundled name.")
+]
+SeqOpt = Annotated[
+    int | None, typer.Option("--seq", help="Sequence length (default: the preset's).")
+]
+GbsOpt = Annotated[int | None, typer.Option("--gbs", help="Global batch in sequences.")]
+PrecisionOpt = Annotated[str | None, typer.Option(help="bf16, fp16, fp8 or fp32.")]
+ProcsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--processes", help="Worker processes for --cluster local (default: GPUs, or 2 on CPU)."
+    ),
+]
+LayoutOpt = Annotated[
+    str,
+    typer.Option("--layout", "-l", help="e.g. tp=8,pp=4,zero=1,mbs=1,recompute=selective"),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def _help(text: str, model: type[BaseModel], field: str) -> str:
+    """Option help ending in the config's default (defaults live in the config only)."""
+    return f"{text} (default: {model.model_fields[field].default})"
+
+
+DispatcherOpt = Annotated[
+    str | None,
+    typer.Option("--moe-dispatcher",
+                 help=_help("MoE token dispatcher with ep > 1 (Megatron): alltoall or flex "
+                            "(DeepEP).", TrainSpec, "moe_token_dispatcher")),
+]
+A2AOverlapOpt = Annotated[
+    bool | None,
+    typer.Option("--moe-a2a-overlap/--no-moe-a2a-overlap",
+                 help=_help("Megatron's EP all-to-all overlap where the layout allows it.",
+                            TrainSpec, "moe_a2a_overlap")),
+]
+RunnerOpt = Annotated[
+    str | None,
+    typer.Option(help=_help("simulate, command, local or slurm.", RunnerSettings, "name")),
+]
+NoiseOpt = Annotated[
+    float | None,
+    typer.Option(help=_help("simulate: perturb the truth (σ, e.g. 0.1).", RunnerSettings,
+                            "noise")),
+]
+SeedOpt = Annotated[
+    int | None, typer.Option(help=_help("Sampler and --noise seed.", RunnerSettings, "seed"))
+]
+CommandOpt = Annotated[str | None, typer.Option(help="command runner: the command template.")]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option(help=_help("Per-trial timeout, seconds.", RunnerSettings, "timeout_s")),
+]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option(help=_help("local/slurm runners: steps per trial (warm-up included).",
+                            RunnerSettings, "steps")),
+]
+HangOpt = Annotated[
+    float | None,
+    typer.Option(help=_help("local runner: seconds without a new step before a hang.",
+                            RunnerSettings, "hang_timeout_s")),
+]
+LauncherOpt = Annotated[
+    str | None,
+    typer.Option(help=_help("local runner: torchrun or deepspeed.", RunnerSettings, "launcher")),
+]
+MegatronOpt = Annotated[
+    str | None, typer.Option(help="local runner: a Megatron-LM checkout to run trials with.")
+]
+PartitionOpt = Annotated[
+    str | None, typer.Option(help="slurm runner: partition of the trial jobs.")
+]
+AccountOpt = Annotated[
+    str | None, typer.Option(help="slurm runner: account charged for the trial jobs.")
+]
+TimeLimitOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--time-limit",
+        help="slurm runner: Slurm --time of each trial job, e.g. 00:30:00 (default: --timeout "
+        "plus 5 minutes).",
+    ),
+]
+SlurmOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--slurm-opt",
+        help="slurm runner: another sbatch option, KEY=VAL or KEY (repeatable), e.g. "
+        "--slurm-opt qos=high --slurm-opt exclusive.",
+    ),
+]
+
+RUNNER_OPTIONS = {
+    "runner": RunnerOpt, "seed": SeedOpt, "noise": NoiseOpt, "command": CommandOpt,
+    "timeout": TimeoutOpt, "steps": StepsOpt, "hang_timeout": HangOpt, "launcher": LauncherOpt,
+    "megatron_lm": MegatronOpt, "partition": PartitionOpt, "account": AccountOpt,
+    "time_limit": TimeLimitOpt, "slurm_opt": SlurmOpt,
+}
+"""The runner's options, one list for every command that runs trials (tune, scale)."""
+
+
+def _with_runner_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command (ending in `**runner_options`) the RUNNER_OPTIONS: typer reads them from
+    its signature and passes them in `runner_options`."""
+    signature = inspect.signature(command, eval_str=True)
+    kept = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=annotation)
+             for name, annotation in RUNNER_OPTIONS.items()]
+    command.__signature__ = signature.replace(parameters=[*kept, *added])  # type: ignore[attr-defined]
+    return command
+
+
+# --- options into configs ---------------------------------------------------------------------
+
+_OPTIONS = {
+    "problem": {"model": "model", "cluster": "cluster", "framework": "framework",
+                "seq_length": "seq", "global_batch_size": "gbs", "precision": "precision",
+                "processes": "processes", "space": "space_ref",
+                "moe_token_dispatcher": "moe_dispatcher", "moe_a2a_overlap": "moe_a2a_overlap"},
+    "runner": {"name": "runner", "timeout_s": "timeout", "noise": "noise", "seed": "seed",
+               "command": "command", "steps": "steps", "hang_timeout_s": "hang_timeout",
+               "launcher": "launcher", "megatron_lm": "megatron_lm", "partition": "partition",
+               "account": "account", "time_limit": "time_limit", "slurm_opts": "slurm_opt"},
+    "tune": {field: field for field in ("trials", "storage", "study", "resume", "seed", "jobs",
+                                        "top_k", "repeat")},
+    "scale": {"layout": "layout", "gpus": "gpus", "mode": "mode"},
+}
+"""Config section → field → the command's parameter (whose option is --PARAMETER, with dashes)."""
+
+
+def _fields(section: str, options: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The fields of a config section from a command's options (None: the default)."""
+    names = _OPTIONS[section]
+    return {field: options[prefix + param] for field, param in names.items()
+            if options.get(prefix + param) is not None}
+
+
+def _flag(loc: tuple[str | int, ...], root: str, scale_prefix: str) -> str:
+    """The option behind a config field, e.g. ('problem', 'seq_length') → --seq."""
+    path = [str(part) for part in loc if isinstance(part, str)]
+    if root:
+        path.insert(0, root)
+    if len(path) < 2 or path[0] not in _OPTIONS:
+        return "--" + (path[0] if path else "input").replace("_", "-")
+    param = _OPTIONS[path[0]].get(path[1], path[1])
+    if path[0] == "scale":
+        param = scale_prefix + param
+    return "--" + param.removesuffix("_ref").replace("_", "-")
+
+
+_Options = TypeVar("_Options", bound=BaseModel)
+
+
+def _parsed(cls: type[_Options], fields: dict[str, Any], root: str = "",
+            scale_prefix: str = "") -> _Options:
+    """`cls(**fields)`, its validation errors told as the options the user typed."""
+    try:
+        return cls(**fields)
+    except ValidationError as error:
+        problems = [
+            _flag(loc, root, scale_prefix) + (f" {value}" if value else "") + f": {message}"
+            for loc, value, message in validation_problems(error)
+        ]
+        raise AutotuneError("; ".join(problems)) from None
+
+
+def _problem(options: dict[str, Any]) -> Problem:
+    """The Problem of a command's options."""
+    return _parsed(Problem, _fields("problem", options), root="problem")
+
+
+def _run_config(options: dict[str, Any], scale: dict[str, Any] | None, prefix: str) -> RunConfig:
+    """The RunConfig of tune's or scale's options (`prefix`: of the sweep's options)."""
+    options = {**options, **options.get("runner_options", {})}
+    return _parsed(
+        RunConfig,
+        {"problem": _fields("problem", options), "runner": _fields("runner", options),
+         "tune": _fields("tune", options), "scale": scale, "out": options["out"],
+         "command": _command_line()},
+        scale_prefix=prefix,
+    )
+
+
+def _command_line() -> str:
+    """The command line as the user typed it (under `_run`), else this process's."""
+    return shlex.join(["autotune", *_state.get("argv", sys.argv[1:])])
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+
+def _gib(value: float) -> str:
+    return f"{value / GIB:.1f}"
+
+
+def _layout_table(title: str, rows: list[Estimate]) -> Table:
+    table = Table(title=title)
+    for column in ("#", "layout", "dp", "gas", "tokens/s", "TFLOP/s/GPU", "MFU", "mem GiB"):
+        table.add_column(column, justify="left" if column == "layout" else "right")
+    for rank, e in enumerate(rows, 1):
+        table.add_row(
+            str(rank), e.layout.text, str(e.layout.dp), str(e.layout.gas),
+            f"{e.tokens_per_s:,.0f}", f"{e.tflops_per_gpu:.0f}", f"{e.mfu:.1%}",
+            _gib(e.peak_memory_bytes),
+        )
+    return table
+
+
+def _rules_table(removed: dict[str, int], total: int) -> Table:
+    table = Table(title=f"Rules applied to {total:,} candidates (in order)")
+    table.add_column("rule")
+    table.add_column("removed", justify="right")
+    for name, count in removed.items():
+        table.add_row(name, f"{count:,}")
+    return table
+
+
+def _records_table(title: str, records: list[dict[str, Any]], label: str) -> Table:
+    table = Table(title=title)
+    for column in ("#", "trial", "layout", f"{label} tok/s", "predicted tok/s", "error", "MFU",
+                   "mem GiB"):
+        table.add_column(
+            column, justify="left" if column == "layout" else "right", overflow="fold"
+        )
+    for rank, r in enumerate(records, 1):
+        predicted = r.get("predicted", {})
+        measured = r.get("measured_tokens_per_s") or 0.0
+        guess = predicted.get("tokens_per_s") or 0.0
+        error = f"{guess / measured - 1:+.1%}" if measured and guess else "-"
+        mfu = r.get("measured_mfu")
+        table.add_row(
+            str(rank), str(r["number"]), r["layout_id"], f"{measured:,.0f}", f"{guess:,.0f}",
+            error, f"{mfu:.1%}" if mfu else "-",
+            _gib(predicted.get("peak_memory_bytes") or 0.0),
+        )
+    return table
+
+
+def _scaling_table(result: Any) -> Table:
+    label = figure_label(result.runner)
+    table = Table(title=f"{result.mode} scaling of {result.layout.id} ({label})")
+    for column in ("GPUs", "nodes", "dp", "gas", "status", "tokens/s", "tok/s/GPU",
+                   "efficiency", "flag / reason", "grew most"):
+        table.add_column(
+            column,
+            justify="left" if column in ("status", "flag / reason", "grew most") else "right",
+        )
+    for p in result.points:
+        grew = f"{p.grew} (-{p.grew_loss:.1%})" if p.grew else ""
+        table.add_row(
+            str(p.gpus), str(p.nodes), str(p.dp or "-"), str(p.gas or "-"), p.status,
+            f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-",
+            f"{p.tokens_per_s_per_gpu:,.0f}" if p.tokens_per_s else "-",
+            f"{p.efficiency:.2f}" if p.efficiency is not None else "-",
+            p.flag or f"{p.rule} {p.reason}".strip(), grew,
+        )
+    return table
+
+
+def _headline(cfg: AutotuneConfig) -> str:
+    return (
+        f"[bold]{cfg.model.name}[/] on [bold]{cfg.cluster.name}[/] "
+        f"({cfg.world_size} × {cfg.cluster.gpu.name}), {cfg.train.framework}, "
+        f"seq {cfg.train.seq_length}, global batch {cfg.train.global_batch_size}, "
+        f"{cfg.train.precision}"
+    )
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+@app.command()
+def space(
+    model: ModelOpt,
+    cluster: ClusterOpt,
+    framework: FrameworkOpt = None,
+    space_ref: SpaceOpt = None,
+    seq: SeqOpt = None,
+    gbs: GbsOpt = None,
+    precision: PrecisionOpt = None,
+    top: Annotated[int, typer.Option(help="How many layouts to list.")] = 10,
+    processes: ProcsOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
+    moe_a2a_overlap: A2AOverlapOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Enumerate the legal layouts, rank them by predicted throughput, and count rule removals."""
+    problem = _problem(locals())
+    if not 0 < top <= 10_000:
+        raise AutotuneError(f"--top: {top} must be from 1 to 10,000")
+    cfg = problem.load()
+    search_space = load_space(problem.space, cfg.train.framework)
+    result = enumerate_layouts(cfg, search_space)
+    if not len(result):
+        raise AutotuneError(no_feasible_message(result))
+    best = [
+        row_estimate(result.feasible.row(i), result.values, i)
+        for i in range(min(top, len(result)))
+    ]
+    if as_json:
+        print(json.dumps({
+            "model": _model_summary(cfg),
+            "inputs": cfg.model_dump(), "space": search_space.model_dump(),
+            "candidates": result.total, "feasible": len(result), "removed": result.removed,
+            "top": [e.to_dict() for e in best],
+        }, indent=2))
+        return
+    console.print(_headline(cfg))
+    console.print(_rules_table(result.removed, result.total))
+    console.print(_layout_table(f"Top {len(best)} of {len(result):,} feasible layouts", best))
+
+
+def _model_summary(cfg: AutotuneConfig) -> dict[str, Any]:
+    """The model's name and parameters: all of them, and those one token uses (MoE)."""
+    return {"name": cfg.model.name, "params": cfg.model.num_params(),
+            "active_params": cfg.model.active_params()}
+
+
+@app.command()
+def estimate(
+    model: ModelOpt,
+    cluster: ClusterOpt,
+    layout: LayoutOpt,
+    framework: FrameworkOpt = None,
+    seq: SeqOpt = None,
+    gbs: GbsOpt = None,
+    precision: PrecisionOpt = None,
+    processes: ProcsOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
+    moe_a2a_overlap: A2AOverlapOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Predict memory and step time of one layout, with both breakdowns.
+
+    A layout that breaks a structural rule is refused (exit 2); one that only runs out of
+    memory is estimated and marked infeasible.
+    """
+    cfg = _problem(locals()).load()
+    parsed, broken = check_layout(cfg, layout)
+    result = estimate_layout(cfg, parsed)
+    if as_json:
+        print(json.dumps({
+            "model": _model_summary(cfg),
+            **result.to_dict(),
+            "feasible": not broken,
+            "violations": [{"rule": n, "reason": r} for n, r in broken],
+        }, indent=2))
+        return
+    for name, reason in broken:
+        console.print(f"[bold red]INFEASIBLE[/] ({name}): {reason}", markup=True)
+    console.print(
+        f"[bold]{parsed.text}[/] (dp={parsed.dp}, gas={parsed.gas}) — {cfg.model.name} on "
+        f"{cfg.cluster.name}"
+    )
+    mem = Table(title="Memory per GPU (most loaded rank)")
+    mem.add_column("part")
+    mem.add_column("GiB", justify="right")
+    for name, value in result.memory_parts.items():
+        mem.add_row(name, _gib(value))
+    mem.add_row("[bold]total[/]", f"[bold]{_gib(result.peak_memory_bytes)}[/]")
+    if result.host_memory_bytes:
+        mem.add_row("host (per node, offload)", _gib(result.host_memory_bytes))
+    time = Table(title="Step time")
+    time.add_column("part")
+    time.add_column("seconds", justify="right")
+    time.add_column("share", justify="right")
+    for name, value in result.time_parts.items():
+        time.add_row(name, f"{value:.4f}", f"{value / result.step_time_s:.1%}")
+    time.add_row("[bold]total[/]", f"[bold]{result.step_time_s:.4f}[/]", "100%")
+    console.print(mem)
+    console.print(time)
+    console.print(
+        f"tokens/s {result.tokens_per_s:,.0f} · TFLOP/s/GPU {result.tflops_per_gpu:.1f} "
+        f"(hardware {result.hw_tflops_per_gpu:.1f}) · MFU {result.mfu:.1%} "
+        f"(HFU {result.hfu:.1%})" + (" · [bold red]infeasible[/]" if broken else "")
+    )
+
+
+@app.command()
+@_with_runner_options
+def tune(
+    model: ModelOpt,
+    cluster: ClusterOpt,
+    framework: FrameworkOpt = None,
+    space_ref: SpaceOpt = None,
+    trials: Annotated[
+        int | None,
+        typer.Option(help=_help("Trials to run (rule rejections are free).", TuneSettings,
+                                "trials")),
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Output folder (study, trials, configs).")] = Path(
+        "autotune-out"
+    ),
+    storage: Annotated[
+        str | None, typer.Option(help="Optuna storage URL (default sqlite:///OUT/study.db).")
+    ] = None,
+    study: Annotated[
+        str | None, typer.Option(help="Study name (default model-cluster-framework).")
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="Continue an existing study.")] = False,
+    jobs: Annotated[
+        int | None, typer.Option(help=_help("Trials in flight at once.", TuneSettings, "jobs"))
+    ] = None,
+    top_k: Annotated[
+        int | None,
+        typer.Option(help=_help("Runners-up to render besides the best.", TuneSettings,
+                                "top_k")),
+    ] = None,
+    repeat: Annotated[
+        int | None,
+        typer.Option(help=_help("Runs of each layout, averaged against noise.", TuneSettings,
+                                "repeat")),
+    ] = None,
+    seq: SeqOpt = None,
+    gbs: GbsOpt = None,
+    precision: PrecisionOpt = None,
+    processes: ProcsOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
+    moe_a2a_overlap: A2AOverlapOpt = None,
+    scale_after: Annotated[
+        bool, typer.Option("--scale", help="Sweep the winner over cluster sizes.")
+    ] = False,
+    scale_gpus: Annotated[
+        str | None, typer.Option("--scale-gpus", help="GPU counts of the sweep, e.g. 8,16,32.")
+    ] = None,
+    scale_mode: Annotated[
+        str | None,
+        typer.Option("--scale-mode", help=_help("weak or strong.", ScaleSettings, "mode")),
+    ] = None,
+    as_json: JsonOpt = False,
+    **runner_options: Any,
+) -> None:
+    """Search layouts with an Optuna study, measure them with a runner, render the winners."""
+    from autotune.run import tune as run_tune
+
+    sweep = _fields("scale", locals(), prefix="scale_") if scale_after else None
+    config = _run_config(locals(), sweep, prefix="scale_")
+    _state["resume"] = resume_command(config)
+    with Progress(
+        SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
+        MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
+        disable=as_json or not sys.stderr.isatty(),
+    ) as progress:
+        name, trials = config.runner.name, config.tune.trials
+        task = progress.add_task(f"tuning ({name})", total=trials)
+
+        def on_trial(current: Any, _: Any) -> None:
+            done = current.get_trials(deepcopy=False)
+            ran = sum(1 for t in done if t.user_attrs.get("ran"))
+            best = max((t.value or 0.0 for t in done), default=0.0)
+            progress.update(task, completed=min(ran, trials),
+                            description=f"tuning ({name}) best {best:,.0f} tok/s")
+
+        outcome = run_tune(config, on_trial=on_trial)
+    _state["resume"] = ""
+    result, ranked, label = outcome.result, outcome.ranked, figure_label(config.runner.name)
+    top_k = config.tune.top_k
+    if as_json:
+        print(json.dumps({
+            "study": result.study_name, "storage": result.storage, "out": str(result.out_dir),
+            "figures": label, "statuses": outcome.statuses,
+            "best": ranked[0] if ranked else None, "top": ranked[1 : top_k + 1],
+            "artifacts": {k: str(v) for k, v in result.artifacts.items()},
+            "refit": outcome.refit.to_dict() if outcome.refit and outcome.refit.trials else None,
+        }, indent=2, default=str))
+    else:
+        console.print(
+            f"study [bold]{result.study_name}[/] in {result.storage} — trials by status: "
+            + ", ".join(f"{k} {v}" for k, v in outcome.statuses.items())
+        )
+        if ranked:
+            console.print(_records_table(f"Top layouts ({label} and predicted)",
+                                         ranked[: top_k + 1], label))
+            if outcome.refit is not None and outcome.refit.trials:
+                console.print(outcome.refit.table())
+            if outcome.scaled is not None:
+                console.print(_scaling_table(outcome.scaled))
+            dashboard = ("" if result.storage == "memory"
+                         else f"\nopen the study with: optuna-dashboard {result.storage}")
+            console.print(
+                f"best configs: [bold]{result.artifacts.get('best')}[/] "
+                f"(runners-up under {result.out_dir / 'top'})\n"
+                f"report: {outcome.reports['report.html']}{dashboard}"
+            )
+    if not outcome.ok:
+        dashboard = ("" if result.storage == "memory"
+                     else f" or with optuna-dashboard {result.storage}")
+        _failed(f"no trial measured a throughput; see the reasons in "
+                f"{outcome.reports['report.md']}{dashboard}")
+
+
+@app.command()
+@_with_runner_options
+def scale(
+    model: ModelOpt,
+    cluster: ClusterOpt,
+    layout: LayoutOpt,
+    gpus: Annotated[
+        str | None,
+        typer.Option(help="GPU counts, e.g. 8,16,32 (default: powers of two up to the cluster)."),
+    ] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(help=_help("weak (per-replica batch fixed) or strong.", ScaleSettings,
+                                "mode")),
+    ] = None,
+    framework: FrameworkOpt = None,
+    out: Annotated[Path, typer.Option(help="Output folder.")] = Path("autotune-scale"),
+    seq: SeqOpt = None,
+    gbs: GbsOpt = None,
+    precision: PrecisionOpt = None,
+    processes: ProcsOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
+    moe_a2a_overlap: A2AOverlapOpt = None,
+    as_json: JsonOpt = False,
+    **runner_options: Any,
+) -> None:
+    """Run one layout at several cluster sizes and report its scaling efficiency."""
+    from autotune.run import scale as run_scale
+
+    config = _run_config(locals(), _fields("scale", locals()), prefix="")
+    outcome = run_scale(config)
+    if as_json:
+        print(json.dumps(outcome.result.to_dict(), indent=2, default=str))
+    else:
+        console.print(_scaling_table(outcome.result))
+        console.print(f"report: {outcome.reports['report.html']}")
+    if not outcome.ok:
+        _failed(f"no size of the sweep measured a throughput; see {outcome.reports['report.md']}")
+
+
+@app.command()
+def report(
+    directory: Annotated[Path, typer.Argument(help="A tune or scale output folder.")],
+    out: Annotated[Path | None, typer.Option(help="Write here instead of DIRECTORY.")] = None,
+) -> None:
+    """Regenerate report.md, report.html, summary.json and trials.csv of a folder."""
+    from autotune.report import write_report
+
+    if not directory.is_dir():
+        raise AutotuneError(f"report: {directory} is not a folder; give a tune or scale --out")
+    written = write_report(directory, prepare_out(out) if out is not None else None)
+    for name in ("report.html", "report.md", "summary.json"):
+        console.print(f"{name}: {written[name]}")
+
+
+@app.command("compare")
+def compare_command(
+    dirs: Annotated[list[Path], typer.Argument(help="tune/scale output folders.")],
+    out: Annotated[Path, typer.Option(help="Folder for compare.md/html/json.")] = Path(
+        "autotune-compare"
+    ),
+) -> None:
+    """Compare runs side by side: best layouts, throughput, MFU, memory, scaling efficiency."""
+    from autotune.report import compare as compare_runs
+
+    for directory in dirs:
+        if not directory.is_dir():
+            raise AutotuneError(f"compare: {directory} is not a folder; give tune or scale --out")
+    written = compare_runs(dirs, prepare_out(out))
+    for name in ("compare.html", "compare.md"):
+        console.print(f"{name}: {written[name]}")
+
+
+@app.command()
+def render(
+    model: ModelOpt,
+    cluster: ClusterOpt,
+    layout: LayoutOpt,
+    out: Annotated[Path, typer.Option(help="Folder for the configs.")],
+    framework: FrameworkOpt = None,
+    seq: SeqOpt = None,
+    gbs: GbsOpt = None,
+    precision: PrecisionOpt = None,
+    processes: ProcsOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
+    moe_a2a_overlap: A2AOverlapOpt = None,
+) -> None:
+    """Render ds_config.json / pretrain_gpt.sh / sbatch.sh and a manifest for one layout."""
+    from autotune.render import write_artifacts
+
+    cfg = _problem(locals()).load()
+    parsed, broken = check_layout(cfg, layout)
+    if broken:
+        raise AutotuneError(
+            "--layout: does not fit: " + "; ".join(f"{n}: {r}" for n, r in broken)
+        )
+    written = write_artifacts(cfg, parsed, prepare_out(out))
+    for name, path in written.items():
+        console.print(f"{name}: {path}")
+
+
+@app.callback()
+def _options(debug: Annotated[bool, typer.Option(help="Show tracebacks.")] = False) -> None:
+    _state["debug"] = debug
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(message)s",
+        handlers=[RichHandler(console=err_console, show_path=False)],
+    )
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its INFO notes are not ours
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("optuna.study._optimize").addFilter(_QUIET_INTERRUPT)
+
+
+class _QuietInterrupt(logging.Filter):
+    """Drop Optuna's two warnings (one with a traceback) about the trial that Ctrl-C stopped:
+    the exit message says what happened and how to resume."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trial = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[0] is KeyboardInterrupt:
+            self.trial = record.getMessage().split(" failed", 1)[0]  # "Trial 3"
+            return False
+        return not (self.trial and record.getMessage().startswith(f"{self.trial} failed"))
+
+
+_QUIET_INTERRUPT = _QuietInterrupt()
+
+
+# --- the one place of exit codes --------------------------------------------------------------
+
+
+class _WorkFailed(Exception):
+    """The command ran but its work failed (exit 1)."""
+
+
+def _failed(message: str) -> None:
+    raise _WorkFailed(message)
+
+
+def _print_error(message: str, prefix: str = "error") -> None:
+    """One line on stderr, however long or multi-line the message."""
+    line = " ".join(str(message).split())
+    if len(line) > 1000:
+        line = line[:600] + " … " + line[-300:]
+    err_console.print(Text.assemble((f"{prefix}: ", "bold red"), line), soft_wrap=True)
+
+
+def _usage_message(error: typer.TyperException) -> str:
+    text = error.format_message()
+    ctx = getattr(error, "ctx", None)
+    if ctx is not None:
+        text += f" (see {ctx.command_path} --help)"
+    return text
+
+
+def _run(entry: Callable[..., Any], args: list[str] | None = None) -> int:
+    """Run the app on `args` (default: the process's) and return the exit code."""
+    args = list(sys.argv[1:] if args is None else args)
+    _state.update(debug="--debug" in args, resume="", argv=args)
+    try:
+        return _exit_code(entry, args)
+    finally:
+        del _state["argv"]
+
+
+def _exit_code(entry: Callable[..., Any], args: list[str]) -> int:
+    """The one place that turns outcomes into exit codes and error lines."""
+    try:
+        code = entry(args=args, prog_name="autotune", standalone_mode=False)
+    except (AutotuneError, ValidationError, typer.TyperException, _WorkFailed) as error:
+        if _state["debug"]:
+            raise
+        if isinstance(error, _WorkFailed):
+            _print_error(str(error))
+            return EXIT_FAILED
+        if isinstance(error, ValidationError):
+            _print_error(validation_message(error, "input"))
+        elif isinstance(error, typer.TyperException):
+            if error.format_message():  # else typer printed the help (no command given)
+                _print_error(_usage_message(error))
+        else:
+            _print_error(str(error))
+        return EXIT_USAGE
+    except (KeyboardInterrupt, typer.Abort):
+        code = EXIT_INTERRUPTED
+    except Exception:
+        if _state["debug"]:
+            raise
+        err_console.print(
+            "internal error (a bug in autotune; please report it with this traceback):",
+            style="bold red",
+        )
+        traceback.print_exc()
+        return EXIT_FAILED
+    code = code if isinstance(code, int) else EXIT_OK
+    if code == EXIT_INTERRUPTED:
+        hint = _state["resume"]
+        message = f"the study is resumable; continue it with: {hint}" if hint else "stopped"
+        _print_error(message, prefix="interrupted")
+    return code
+
+
+def main() -> None:
+    """Console entry point."""
+    sys.exit(_run(app))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""The physical constants of the memory and step-time models, per GPU type.
+
+Every constant has a physical meaning, a unit, a source, and (when `benchmarks/accuracy.py --fit`
+may move it) fit bounds: the physically plausible range, stored as the field's `fit` metadata.
+A fitted value on its bound means the model lacks a term. Values live in
+`autotune/presets/constants.yaml`; trial measurements may refit them per study.
+
+Sources named below:
+- NCCL: NVIDIA/nccl `src/graph/tuning.cc` @ 5067397c2676d5aed50042fc39e5c8ee96eb0027
+  (baseLatencies, hwLatencies: the latency model NCCL itself uses to pick algorithms).
+- FA2: Dao 2023, "FlashAttention-2", arXiv:2307.08691, §4.1 (50-73 % of A100 peak forward,
+  lower backward). FA3: Shah et al. 2024, "FlashAttention-3", arXiv:2407.08608, §4.1 (H100 BF16
+  forward up to 740 TFLOP/s, 75 %).
+- cuBLAS: NVIDIA "Matrix Multiplication Background User's Guide" (docs.nvidia.com/deeplearning/
+  performance/dl-performance-matrix-multiplication): tile and wave quantization make small GEMMs
+  reach a fraction of the large-GEMM rate.
+- nccl-tests: NVIDIA/nccl-tests `doc/PERFORMANCE.md` (bus bandwidth: the per-link rate a
+  collective reaches, comparable with the link's hardware bandwidth).
+- Loss-Free Balancing: Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing Strategy for
+  Mixture-of-Experts", arXiv:2408.15664, §4 (MaxVio: the most loaded expert's excess over the
+  mean load, measured per training batch, with an auxiliary loss and with expert biases).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+from typing import cast
+
+import yaml
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
+
+from autotune.resources import resource_dir
+from autotune.specs import GPUSpec
+
+
+def _fitted(default: float, low: float, high: float, **kwargs: Any) -> Any:
+    """A constant the fit may move within [low, high] (its physical range)."""
+    extra: dict[str, Any] = {"fit": (low, high)}
+    return Field(default=default, json_schema_extra=extra, **kwargs)
+
+
+class Constants(BaseModel):
+    """Constants of one accelerator type (meaning, unit, source, fit bounds: each docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    # --- compute ----------------------------------------------------------------------------
+    gemm_efficiency: float = _fitted(0.8, 0.5, 0.95, gt=0, le=1)
+    """Fraction of the dense 16-bit peak that large GEMMs reach. Unit: dimensionless. Source:
+    cuBLAS (large square BF16 GEMMs reach 75-90 % of peak on A100/H100). Fit bounds 0.5-0.95."""
+    gemm_half_size: float = _fitted(512.0, 64.0, 4096.0, gt=0)
+    """Cube root of M·N·K at which a GEMM reaches half of `gemm_efficiency`: tile and wave
+    quantization of small GEMMs. Unit: elements. Source: cuBLAS. Fit bounds 64-4096."""
+    fp8_gemm_efficiency: float = Field(default=0.65, gt=0, le=1)
+    """Fraction of the dense FP8 peak that large FP8 GEMMs reach. Unit: dimensionless. Source:
+    Transformer Engine FP8 GEMMs on H100 run about 1.7x their BF16 rate (the FP8 peak is 2x, and
+    per-tensor scaling kernels reach a lower fraction of it). Not fitted (bf16 runs only)."""
+    attention_efficiency: float = _fitted(0.5, 0.25, 0.8, gt=0, le=1)
+    """Fraction of the dense 16-bit peak that fused (flash) attention reaches, forward plus
+    backward, in model FLOPs (the backward's recompute of the scores is inside it); it runs at
+    16 bits even in FP8 training. Unit: dimensionless. Source: FA2 (50-73 % forward on A100,
+    backward slower; on H100 FA2 reaches ~35 % forward, FA3's baseline), FA3 (up to 75 %
+    forward on H100). Fit bounds 0.25-0.8."""
+    elementwise_passes: float = _fitted(1.0, 0.5, 4.0, ge=0)
+    """Memory-bound traffic relative to the counted minimum: 1 = every tensor a norm,
+    activation, rotary, residual/dropout, cast or loss kernel touches is read or written once
+    per pass (`autotune.costmodel.kernels.elementwise_bytes`); more when kernels are not
+    fused. Unit: dimensionless. Source: the kernels' tensor sizes. Fit bounds 0.5-4."""
+    hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
+    """Fraction of the HBM datasheet bandwidth that streaming kernels reach. Unit:
+    dimensionless. Source: copy kernels reach 80-90 % on A100/H100 (CUDA `bandwidthTest`).
+    Not fitted."""
+
+    # --- communication ----------------------------------------------------------------------
+    comm_efficiency: float = _fitted(0.8, 0.5, 0.95, gt=0, le=1)
+    """NCCL bus bandwidth of large collectives across nodes as a fraction of the NICs'
+    bandwidth. Unit: dimensionless. Source: nccl-tests (busbw / link rate, 80-90 % on
+    InfiniBand). Fit bounds 0.5-0.95 (trial refits; the published runs do not identify it)."""
+    nvlink_efficiency: float = Field(default=0.8, gt=0, le=1)
+    """NCCL bus bandwidth inside a node as a fraction of the NVLink bandwidth per GPU. Unit:
+    dimensionless. Source: nccl-tests on 8-GPU NVSwitch nodes (~80 %). Not fitted."""
+    latency_base_s: float = Field(default=8.4e-6, ge=0)
+    """Fixed latency of one NCCL collective. Unit: s. Source: NCCL baseLatencies (Ring and
+    Tree, Simple protocol, 8.4 µs). Not fitted."""
+    latency_intra_s: float = Field(default=3.4e-6, ge=0)
+    """Latency of one ring step over NVLink. Unit: s. Source: NCCL
+    hwLatencies[NVLINK][Ring][Simple] (3.4 µs). Not fitted."""
+    latency_inter_s: float = Field(default=1.4e-5, ge=0)
+    """Latency of one ring or tree step across the network. Unit: s. Source: NCCL
+    hwLatencies[NET][Ring][Simple] (14 µs). Not fitted."""
+    overlap_fraction: float = _fitted(0.9, 0.5, 1.0, ge=0, le=1)
+    """Fraction of the communication running under compute that costs nothing; the rest slows
+    the compute it overlaps (NCCL kernels take SMs and HBM bandwidth). Unit: dimensionless.
+    Source: NCCL runs 8-16 channels (one SM each) of the GPU's 108-132 SMs while it overlaps,
+    about a tenth. Fit bounds 0.5-1 (trial refits; the published runs do not identify it)."""
+    moe_load_imbalance: float = Field(default=1.1, ge=1, le=4)
+    """Tokens the most loaded expert-parallel rank receives over the mean (dropless routing):
+    it scales that rank's expert GEMMs, its all-to-all bytes and its routed activations, and
+    the whole expert-parallel group waits for it. Unit: dimensionless (1 = perfect balance, as
+    in benchmarks with forced-balanced routing). Source: Loss-Free Balancing (the most loaded
+    expert of a batch stays well above the mean with an auxiliary loss, closer to it with expert
+    biases); a rank holds E/ep experts, which averages the per-expert excess down, so the
+    default charges the slowest rank 10 %. Not fitted (no published run measures it: both MoE
+    rows of data/published_runs.csv force-balance their routing)."""
+    cpu_adam_params_per_s: float = Field(default=1.0e9, gt=0)
+    """Parameters one node's CPUs update per second with DeepSpeedCPUAdam (offload). Unit:
+    1/s. Source: ZeRO-Offload (Ren et al. 2021: ~1e9 parameters/s per node). Not fitted."""
+
+    # --- memory -----------------------------------------------------------------------------
+    runtime_memory_gib: float = Field(default=1.5, ge=0)
+    """CUDA context, NCCL buffers and library workspaces per GPU, outside
+    max_memory_allocated. Unit: GiB. Source: CUDA context ~0.5 GiB plus NCCL's 4 MiB buffers
+    per channel and peer of each communicator. Refitted from GPU measurements."""
+    activation_memory_factor: float = Field(default=1.0, gt=0)
+    """Multiplier on the counted activations (allocator rounding and extra buffers); 1 =
+    Korthikanti et al. 2022 exactly. Unit: dimensionless. Source: Megatron-LM's
+    theoretical_memory_usage. Refitted from GPU measurements."""
+    memory_margin: float = Field(default=0.05, ge=0, lt=1)
+    """Fraction of device memory left free for allocator fragmentation when testing
+    `memory_fits`. Unit: dimensionless. Source: PyTorch's caching allocator keeps a few percent
+    reserved but unallocated. Not fitted."""
+
+
+FIT_BOUNDS: dict[str, tuple[float, float]] = {
+    name: cast("tuple[float, float]", field.json_schema_extra["fit"])
+    for name, field in Constants.model_fields.items()
+    if isinstance(field.json_schema_extra, dict) and "fit" in field.json_schema_extra
+}
+"""Constants the fit may move, with their physical bounds."""
+
+
+@cache
+def _table() -> dict[str, dict[str, Any]]:
+    path = resource_dir("presets") / "constants.yaml"
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def constants_for(gpu: GPUSpec) -> Constants:
+    """The calibrated constants of a GPU preset, else the defaults."""
+    return Constants(**_table().get(gpu.name, _table().get("default", {})))

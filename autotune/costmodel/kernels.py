@@ -1,0 +1,312 @@
+"""Compute of one transformer layer on one GPU for one micro-batch, for many layouts at once.
+
+A layer is its linear GEMMs (by shape: QKV, output projection, MLP up/gate and down, each split
+by tensor parallelism), its attention core and its memory-bound kernels:
+
+- GEMM: 2·M·N·K FLOPs forward, twice that backward (input and weight gradients), at
+  `gemm_efficiency · x / (x + gemm_half_size)` of peak, x = (M·N·K)^(1/3) of that GEMM; FP8
+  training runs these (only these) at the FP8 peak and `fp8_gemm_efficiency`.
+- attention: fused (flash) attention at `attention_efficiency` of the 16-bit peak on the causal
+  FLOPs; without flash, score and value GEMMs over the whole s×s square (no causal skipping)
+  plus the score matrix's softmax/dropout traffic.
+- memory-bound kernels at `hbm_efficiency` of HBM bandwidth: norms, residual adds (and dropout
+  masks), rotary, the MLP activation and FP8 casts, each tensor read or written once per pass
+  (`elementwise_bytes`), times `elementwise_passes`; backward moves twice the forward bytes.
+
+Context parallelism gives each GPU s/cp queries against (causally, on average) half of all s
+keys: its attention FLOPs are 1/cp of the sequence's. Recompute repeats the forward (full) or the
+attention core (selective) inside the backward.
+
+Multi-latent attention runs its down projections replicated and its up and output projections
+split by tp (megatron-core MLASelfAttention). A Mixture-of-Experts layer (`layer_gemms`) keeps
+the attention, runs its shared experts as a tensor-parallel MLP, its router (h × E) on the
+rank's own tokens, and its routed experts as grouped GEMMs: E/ep local experts, each an M×N×K
+GEMM whose M is the token copies per local expert (`routed_tokens`·ep/E) and whose N or K is the
+expert width split by etp. That M is small (a micro-batch of one 4k sequence: Mixtral at tp 1,
+ep 8 gives 4k·2·8/8 = 8k; DeepSeek-V3 at tp 2, ep 64 gives 2k·8·64/256 = 4k; at ep 8, 512), so
+`gemm_efficiency` at that size is the grouped GEMM's efficiency. The most loaded
+expert-parallel rank gets `moe_load_imbalance` times the mean copies; the layer waits for it, so
+its expert GEMMs and routed memory traffic set the time (FLOPs executed stay the balanced
+count). A stage runs dense and MoE layers in the model's proportion (`mean_layer_times`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from autotune.costmodel.constants import Constants
+from autotune.costmodel.flops import attention_flops_per_token_per_layer
+from autotune.layout import LayoutTable
+from autotune.specs import AutotuneConfig
+from autotune.specs import ModelSpec
+
+SCORE_BYTES_FORWARD = 13
+"""Unfused attention, bytes per score element forward: write scores (2), fused scale-mask-
+softmax read and write (4), dropout read, write and mask (5), values GEMM read (2)."""
+LOSS_BYTES_PER_LOGIT = 32
+"""Vocabulary-parallel cross entropy, bytes per logit element forward plus backward: fp32
+upcast (2 + 4), max and exp-sum passes (8), softmax write (4), gradient (4 + 4), 16-bit
+gradient write (2), the 16-bit logits re-read (4)."""
+FP8_CAST_BYTES = 2
+"""FP8 cast of one GEMM operand element: write the FP8 copy and its transpose (1 + 1); the
+16-bit read is fused into the kernel that produced it (Transformer Engine's LayerNorm and
+activation kernels emit FP8, cast_transpose fuses the rest)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Gemm:
+    """One linear GEMM of a layer on one GPU: M×N×K, run `count` times (a grouped GEMM's
+    experts), M scaled by `slow` on the most loaded rank (routed experts)."""
+
+    m: Any
+    n: Any
+    k: Any
+    count: Any = 1
+    column: bool = False
+    """Column-parallel (QKV, MLP up): backward tensor-parallel collectives may hide under it."""
+    fp8: bool = True
+    """Runs in FP8 in FP8 training (routers stay 16-bit)."""
+    slow: Any = 1.0
+
+
+def _attention_gemms(model: ModelSpec, n: Any, tp: np.ndarray) -> list[Gemm]:
+    """QKV (or multi-latent down/up projections) and the output projection."""
+    h, ones = model.hidden_size, np.ones_like(tp, dtype=float)
+    heads = model.num_attention_heads
+    if model.multi_latent_attention:
+        # megatron-core MLASelfAttention: down projections replicated, up projections and the
+        # output projection split by tp
+        nope, rope = model.qk_head_dim or 0, model.qk_pos_emb_head_dim or 0
+        v, kv_rank = model.v_head_dim or 0, model.kv_lora_rank or 0
+        gemms = [Gemm(n, (kv_rank + rope) * ones, h * ones),
+                 Gemm(n, heads * (nope + v) / tp, kv_rank * ones, column=True)]
+        if model.q_lora_rank is None:
+            gemms.append(Gemm(n, heads * (nope + rope) / tp, h * ones, column=True))
+        else:
+            rank = model.q_lora_rank
+            gemms += [Gemm(n, rank * ones, h * ones),
+                      Gemm(n, heads * (nope + rope) / tp, rank * ones, column=True)]
+        return [*gemms, Gemm(n, h * ones, heads * v / tp)]
+    d = model.head_dim
+    q, kv = d * heads, d * model.query_groups
+    return [Gemm(n, (q + 2 * kv) / tp, h * ones, column=True), Gemm(n, h * ones, q / tp)]
+
+
+def _mlp_gemms(model: ModelSpec, n: Any, tp: np.ndarray, width: int) -> list[Gemm]:
+    """A tensor-parallel (gated) MLP h → width → h on n tokens."""
+    h, ones = model.hidden_size, np.ones_like(tp, dtype=float)
+    up = width * (2 if model.gated else 1)
+    return [Gemm(n, up / tp, h * ones, column=True), Gemm(n, h * ones, width / tp)]
+
+
+def routed_tokens(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
+    """Token copies one rank's experts process per MoE layer and micro-batch, balanced routing.
+
+    Each GPU routes its own s·b/(cp·tp) tokens (sequence-parallel with tp; Megatron's MoE
+    refuses tp without sp, DeepSpeed drops the tp duplicates) k times; the all-to-all over ep
+    delivers, on average, as many copies as it sent (E/ep local experts of E), and etp > 1
+    all-gathers the copies of the etp ranks that split the same experts."""
+    m = cfg.model
+    local = t.mbs * cfg.train.seq_length / (t.cp * t.tp)
+    copies: np.ndarray = local * m.moe_router_topk * t.etp
+    return copies
+
+
+def layer_gemms(cfg: AutotuneConfig, t: LayoutTable, k: Constants, moe: bool) -> list[Gemm]:
+    """The linear GEMMs of one dense or MoE layer on one GPU for one micro-batch.
+
+    Dense: QKV, output projection, MLP up/gate and down on all s·b/cp tokens, split by tp.
+    MoE: the same attention; shared experts as a tensor-parallel MLP; the router (h × E,
+    replicated, on the rank's own tokens); the routed experts as grouped GEMMs over E/ep local
+    experts whose M is the tokens per local expert, `routed_tokens`·ep/E, which
+    `moe_load_imbalance` scales on the slowest rank (small M: low `gemm_efficiency`).
+    """
+    m = cfg.model
+    n = t.mbs * cfg.train.seq_length / t.cp  # tokens of this GPU (all enter every tp GEMM)
+    gemms = _attention_gemms(m, n, t.tp)
+    if not moe:
+        return gemms + _mlp_gemms(m, n, t.tp, m.ffn)
+    if m.moe_shared_expert_intermediate_size:
+        gemms += _mlp_gemms(m, n, t.tp, m.moe_shared_expert_intermediate_size)
+    experts = m.num_experts or 1
+    h, ones = m.hidden_size, np.ones_like(t.tp, dtype=float)
+    gemms.append(Gemm(n / t.tp, experts * ones, h * ones, fp8=False))
+    per_expert = routed_tokens(cfg, t) * t.ep / experts
+    local = experts / t.ep
+    up = m.moe_ffn * (2 if m.gated else 1)
+    slow = k.moe_load_imbalance
+    return gemms + [Gemm(per_expert, up / t.etp, h * ones, local, slow=slow),
+                    Gemm(per_expert, h * ones, m.moe_ffn / t.etp, local, slow=slow)]
+
+
+def gemm_efficiency(m: Any, n: Any, kk: Any, k: Constants, fp8: bool = False) -> Any:
+    """Achieved fraction of peak for an M×N×K GEMM."""
+    x = np.cbrt(m * n * kk)
+    top = k.fp8_gemm_efficiency if fp8 else k.gemm_efficiency
+    return top * x / (x + k.gemm_half_size)
+
+
+def elementwise_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
+                      moe: bool = False) -> np.ndarray:
+    """HBM bytes the memory-bound kernels of one layer move forward, for one micro-batch.
+
+    Per token of this GPU: two norms (read + write h), two residual adds (two reads and a write
+    of h) and, with dropout, their 1-byte masks, on s/cp tokens (÷tp with sequence parallelism);
+    rotary on q and k, the MLP activation (SwiGLU reads 2f, writes f), and with FP8 the cast of
+    every GEMM input, on the tensor-parallel shard. A MoE layer runs the activation on its
+    shared experts (tp shard) and on the routed copies of the slowest rank (expert width / etp),
+    whose permutation and un-permutation each read and write 2h bytes per copy, and the router
+    writes and reads fp32 scores over all E experts for the rank's own tokens.
+    """
+    m = cfg.model
+    n = t.mbs * cfg.train.seq_length / t.cp
+    h, d = m.hidden_size, m.head_dim
+    q, kv = d * m.num_attention_heads, d * m.query_groups
+    act = 6 if m.gated else 4
+    replicated = 2 * (2 * h + 2 * h) + 2 * (3 * 2 * h) + (2 * h if m.hidden_dropout > 0 else 0)
+    width = (m.moe_shared_expert_intermediate_size or 0) if moe else m.ffn
+    sharded = act * width
+    if m.position_embedding == "rope":
+        sharded = sharded + 2 * 2 * (q + kv)
+    fp8 = cfg.train.precision == "fp8"
+    if fp8:
+        sharded = sharded + FP8_CAST_BYTES * (q + width)
+        replicated = replicated + FP8_CAST_BYTES * 2 * h
+    total: np.ndarray = n * (replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp)
+    if not moe:
+        return total
+    copies = routed_tokens(cfg, t) * k.moe_load_imbalance
+    per_copy = act * m.moe_ffn / t.etp + 2 * (2 * 2 * h)
+    if fp8:
+        per_copy = per_copy + FP8_CAST_BYTES * (h + m.moe_ffn / t.etp)
+    router = n / t.tp * 2 * 4 * (m.num_experts or 1)
+    with_experts: np.ndarray = total + copies * per_copy + router
+    return with_experts
+
+
+@dataclasses.dataclass(slots=True)
+class LayerTimes:
+    """Seconds of one layer for one micro-batch on one GPU (arrays over layouts)."""
+
+    linear_forward: np.ndarray
+    """Linear GEMMs, forward (backward is twice this)."""
+    column_backward: np.ndarray
+    """Backward GEMMs of the column-parallel linears (QKV, MLP up): tensor-parallel
+    collectives of the backward may hide under them."""
+    attention_forward: np.ndarray
+    """Attention core, forward (backward is twice this)."""
+    memory_forward: np.ndarray
+    """Memory-bound kernels, forward (backward is twice this)."""
+    recompute: np.ndarray
+    """Forward work repeated in the backward by activation recompute."""
+    flops: np.ndarray
+    """FLOPs executed (recompute and unfused full-square attention included)."""
+
+    @property
+    def forward(self) -> np.ndarray:
+        """Forward seconds."""
+        work: np.ndarray = self.linear_forward + self.attention_forward + self.memory_forward
+        return work
+
+    @property
+    def backward(self) -> np.ndarray:
+        """Backward seconds, recompute included."""
+        work = self.linear_forward + self.attention_forward + self.memory_forward
+        backward: np.ndarray = 2 * work + self.recompute
+        return backward
+
+    @property
+    def total(self) -> np.ndarray:
+        """Forward plus backward seconds."""
+        total: np.ndarray = self.forward + self.backward
+        return total
+
+
+def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
+                moe: bool = False) -> LayerTimes:
+    """One dense (or MoE) layer's compute for one micro-batch on one GPU of each layout."""
+    m, train, gpu = cfg.model, cfg.train, cfg.cluster.gpu
+    peak16 = gpu.peak_tflops.get("bf16", gpu.peak_tflops[train.precision]) * 1e12
+    fp8 = train.precision == "fp8"
+    peak = gpu.peak_tflops[train.precision] * 1e12
+    hbm = gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
+    s = train.seq_length
+    n = t.mbs * s / t.cp  # tokens of this GPU (all of them enter every tensor-parallel GEMM)
+
+    linear = np.zeros(len(t))
+    column = np.zeros(len(t))
+    linear_flops = np.zeros(len(t))
+    for gemm in layer_gemms(cfg, t, k, moe):
+        low = fp8 and gemm.fp8
+        flops = 2 * gemm.m * gemm.n * gemm.k * gemm.count
+        m_slow = gemm.m * gemm.slow
+        rate = (peak if low else peak16) * gemm_efficiency(m_slow, gemm.n, gemm.k, k, low)
+        seconds = flops * gemm.slow / rate
+        linear, linear_flops = linear + seconds, linear_flops + flops
+        if gemm.column:
+            column = column + 2 * seconds
+
+    # attention: causal FLOPs of s/cp queries over the sequence, split over tp
+    fused = train.flash_attention
+    causal = n * attention_flops_per_token_per_layer(m, s) / t.tp / 3  # forward
+    heads = m.num_attention_heads / t.tp
+    if fused:
+        attention = causal / (peak16 * k.attention_efficiency)
+        attention_flops = 3.5 * causal  # backward recomputes the scores: 2.5x forward
+        scores = np.zeros(len(t))
+    else:
+        square = 2 * causal  # the whole s x s square, no causal skipping
+        per_head = gemm_efficiency(s / t.cp, s, m.head_dim, k)
+        attention = square / (peak16 * per_head)
+        attention_flops = 3 * square
+        scores = SCORE_BYTES_FORWARD * heads * n * s
+    memory = k.elementwise_passes * (elementwise_bytes(cfg, t, k, moe) + scores) / hbm
+
+    full = t.recompute == 2
+    selective = t.recompute == 1
+    recompute = np.where(full, linear + attention + memory, np.where(selective, attention, 0.0))
+    attention_forward_flops = causal if fused else 2 * causal
+    executed = (3 * linear_flops + attention_flops
+                + full * linear_flops + (full | selective) * attention_forward_flops)
+    return LayerTimes(
+        linear_forward=linear,
+        column_backward=column,
+        attention_forward=attention,
+        memory_forward=memory,
+        recompute=recompute,
+        flops=executed,
+    )
+
+
+
+def mean_layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> LayerTimes:
+    """The mean layer of a stage: dense and MoE layers in the model's proportion (a pipeline
+    stage is charged its layer count times this mean)."""
+    dense = layer_times(cfg, t, k)
+    share = cfg.model.moe_layer_share
+    if share == 0:
+        return dense
+    moe = layer_times(cfg, t, k, moe=True)
+    return LayerTimes(**{
+        field.name: (1 - share) * getattr(dense, field.name) + share * getattr(moe, field.name)
+        for field in dataclasses.fields(LayerTimes)
+    })
+
+
+def head_times(cfg: AutotuneConfig, t: LayoutTable, vocab: np.ndarray,
+               k: Constants) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, FLOPs) of the output layer and the loss for one micro-batch on the last stage:
+    the logits GEMM (forward and both gradients) and the cross entropy's memory traffic."""
+    m, train, gpu = cfg.model, cfg.train, cfg.cluster.gpu
+    fp8 = train.precision == "fp8"
+    peak = gpu.peak_tflops[train.precision] * 1e12
+    hbm = gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
+    n = t.mbs * train.seq_length / t.cp
+    out = vocab / t.tp
+    flops = 2 * n * out * m.hidden_size
+    gemm = 3 * flops / (peak * gemm_efficiency(n, out, m.hidden_size, k, fp8))
+    loss = k.elementwise_passes * LOSS_BYTES_PER_LOGIT * n * out / hbm
+    return gemm + loss, 3 * flops

@@ -1,0 +1,171 @@
+"""Peak memory per GPU (the most loaded rank), as named parts, for many layouts at once.
+
+Model states, their sharding and communication buffers are the framework's
+(`autotune.frameworks`: DeepSpeed's estimators, Megatron-LM's `theoretical_memory_usage`).
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models", §4): per layer s·b·h·(10 + 24/t) bytes plus 5·a·s²·b/t for the attention
+scores, generalised here to GQA and SwiGLU; sequence parallelism divides the replicated 10·sbh
+by t;
+flash attention and selective recompute drop the score term; full recompute keeps only each
+layer's 2·s·b·h input. A MoE layer stores, instead of the dense MLP's intermediates, its shared
+experts' (split by tp), the routed copies the slowest expert-parallel rank receives
+(`kernels.routed_tokens` times `moe_load_imbalance`: expert input and output, 2h + 2h, and the
+expert MLP intermediates split by etp) and the router's probabilities and routing map; a stage
+holds dense and MoE layers in the model's proportion. Model states of routed experts (E/ep
+experts split by etp, `autotune.costmodel.sharding`) are sharded by ZeRO over the expert
+data-parallel
+degree edp = world/(etp·ep·pp), dense states over dp·cp (Megatron-LM
+`theoretical_memory_usage.py`: 6 + 12/edp bytes for experts with the distributed optimizer).
+The dispatch/combine all-to-all buffers are transient (freed within the layer) and not counted.
+The first 1F1B stage holds min(m, p) micro-batches in flight, p + (p−1)/v
+with interleaving (Megatron's factor). The last stage holds the fp32 logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from autotune.costmodel.constants import Constants
+from autotune.costmodel.kernels import routed_tokens
+from autotune.costmodel.sharding import expert_data_parallel
+from autotune.costmodel.sharding import expert_params_on_rank
+from autotune.costmodel.sharding import largest_module_params
+from autotune.costmodel.sharding import params_on_rank
+from autotune.costmodel.terms import terms_for
+from autotune.layout import LayoutTable
+from autotune.specs import AutotuneConfig
+
+GIB = 1024**3
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "runtime")
+"""Named parts of the per-GPU memory estimate, in report order."""
+
+
+def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
+                           moe: bool = False) -> np.ndarray:
+    """Bytes one dense (or MoE) layer stores for backward, for one micro-batch, without full
+    recompute."""
+    m = cfg.model
+    s = cfg.train.seq_length / t.cp
+    sbh = s * t.mbs * m.hidden_size
+    groups = m.query_groups / m.num_attention_heads
+    # 2 norm inputs (4) + attention and MLP inputs (2 + 2) + two 1-byte dropout masks (with
+    # dropout: Korthikanti's 2sbh of masks; a model trained without dropout stores none)
+    replicated = (8 + (2 if m.hidden_dropout > 0 else 0)) * sbh
+    # Q, K, V (GQA shrinks K and V), output-projection input, MLP intermediates (SwiGLU stores 3f)
+    act = 6 if m.gated else 4
+    width = (m.moe_shared_expert_intermediate_size or 0) if moe else m.ffn
+    sharded = (4 + 4 * groups) * sbh + act * s * t.mbs * width
+    scores = 0 if cfg.train.flash_attention else 5 * m.num_attention_heads * s * s * t.mbs
+    sharded = sharded + scores * (t.recompute == 0)
+    stored: np.ndarray = replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp
+    if not moe:
+        return stored
+    # the slowest rank's routed copies: expert input and output (2h + 2h, the output kept for
+    # the routing-probability gradient) and the expert MLP intermediates (width / etp); the
+    # router's fp32 probabilities and 1-byte routing map over E experts for its own tokens
+    copies = routed_tokens(cfg, t) * k.moe_load_imbalance
+    routed = copies * (4 * m.hidden_size + act * m.moe_ffn / t.etp)
+    router = s * t.mbs / t.tp * 5 * (m.num_experts or 1)
+    moe_stored: np.ndarray = stored + routed + router
+    return moe_stored
+
+
+def _layer_input_bytes(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
+    s = cfg.train.seq_length / t.cp
+    inputs: np.ndarray = 2 * s * t.mbs * cfg.model.hidden_size / np.where(t.sp, t.tp, 1)
+    return inputs
+
+
+@dataclasses.dataclass(slots=True)
+class _Stage:
+    layers: np.ndarray
+    in_flight: np.ndarray
+    embedding: bool
+    output: bool
+
+
+def _stages(cfg: AutotuneConfig, t: LayoutTable) -> list[_Stage]:
+    split = terms_for(cfg).split_layers(cfg, t.pp, t.vpp)
+    m = t.micro_batches
+    interleave = np.where(t.vpp > 1, (t.pp - 1) / t.vpp, 0.0)
+    single = t.pp == 1
+    first = np.where(single, 1, np.minimum(m, t.pp) + interleave)
+    middle = np.where(t.pp > 2, np.minimum(m, t.pp - 1) + interleave, 0)
+    last = np.where(single, 1, 1 + interleave)
+    return [
+        _Stage(split.first, first, True, False),
+        _Stage(np.where(t.pp > 2, split.middle, 0), middle, False, False),
+        _Stage(np.where(single, split.first, split.last), last, False, True),
+    ]
+
+
+def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str, np.ndarray]:
+    """Per-GPU peak memory parts (bytes) on the most loaded rank, plus `host` bytes per node.
+
+    Returns arrays for MEMORY_PARTS, `total` (their sum), `host` (offloaded states on one node)
+    and `stage` (0 first, 1 middle, 2 last: which stage was the most loaded).
+    """
+    m = cfg.model
+    share = m.moe_layer_share
+    per_layer = layer_activation_bytes(cfg, t, k)
+    if share:
+        per_layer = (1 - share) * per_layer + share * layer_activation_bytes(cfg, t, k, moe=True)
+    per_layer = per_layer * k.activation_memory_factor
+    full = t.recompute == 2
+    stored_per_layer = np.where(full, _layer_input_bytes(cfg, t), per_layer)
+    s = cfg.train.seq_length / t.cp
+    framework = terms_for(cfg)
+    vocab = framework.padded_vocab(m.vocab_size, t.tp)
+    gathered = largest_module_params(m, t, vocab)
+    candidates = []
+    for stage in _stages(cfg, t):
+        present = stage.layers > 0
+        embedding = np.full(len(t), stage.embedding) | ((t.pp == 1) & stage.output)
+        output = np.full(len(t), stage.output)
+        params = params_on_rank(m, t, vocab, stage.layers, embedding, output,
+                                experts=False)
+        states = framework.state_bytes(cfg, t, params, gathered, shard=t.shard_degree)
+        if share:
+            experts = expert_params_on_rank(m, t, stage.layers)
+            expert_states = framework.state_bytes(cfg, t, experts, 0 * gathered,
+                                                  shard=expert_data_parallel(t))
+            states = {name: states[name] + expert_states[name] for name in states}
+            params = params + experts
+        activations = stage.layers * stage.in_flight * stored_per_layer
+        activations = activations + full * per_layer  # one layer re-materialised at a time
+        activations = (
+            activations
+            + embedding * stage.in_flight * (8 * s * t.mbs + s * t.mbs * m.hidden_size) / t.tp
+        )
+        logits = output * 4 * s * t.mbs * (m.hidden_size + vocab) / t.tp
+        parts = {
+            "weights": states["weights"],
+            "gradients": states["gradients"],
+            "optimizer": states["optimizer"],
+            "activations": activations,
+            "logits": logits,
+            "buffers": framework.buffer_bytes(cfg, t, params),
+            "runtime": np.full(len(t), k.runtime_memory_gib * GIB),
+        }
+        total = sum(parts.values())
+        candidates.append((np.where(present, total, -1.0), parts, states["host"]))
+    totals = np.stack([c[0] for c in candidates])
+    worst = np.argmax(totals, axis=0)
+    out = {name: np.choose(worst, [c[1][name] for c in candidates]) for name in MEMORY_PARTS}
+    out["total"] = np.max(totals, axis=0)
+    host_per_gpu = np.max(np.stack([c[2] for c in candidates]), axis=0)
+    out["host"] = host_per_gpu * cfg.cluster.gpus_per_node
+    out["stage"] = worst
+    return out
+
+
+def usable_gpu_bytes(cfg: AutotuneConfig, k: Constants) -> float:
+    """Device memory a layout may fill: capacity minus the fragmentation margin."""
+    return cfg.cluster.gpu.memory_bytes * (1 - k.memory_margin)
+
+
+def usable_host_bytes(cfg: AutotuneConfig, k: Constants) -> float:
+    """Host memory per node that offloaded states may fill."""
+    return cfg.cluster.host_memory_gb * 1e9 * (1 - k.memory_margin)

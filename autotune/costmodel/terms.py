@@ -1,0 +1,96 @@
+"""The terms a training framework adds to the cost model, as the model asks for them.
+
+The memory and step-time models call these on the framework a problem trains with (its
+`TrainSpec.framework`): how it splits layers over pipeline stages, pads the vocabulary, holds
+model states and buffers, and how its collectives behave. The bundles in `autotune.frameworks`
+implement them and register themselves here when that package is imported (the package face
+`autotune` imports it), so the cost model depends on this contract, not on the bundles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+from typing import ClassVar
+from typing import Literal
+from typing import Protocol
+
+import numpy as np
+
+from autotune.exceptions import AutotuneError
+from autotune.layout import BoolArray
+from autotune.layout import IntArray
+from autotune.layout import LayoutTable
+from autotune.specs import AutotuneConfig
+
+
+@dataclasses.dataclass(slots=True)
+class StageSplit:
+    """Layers on the first, a middle and the last pipeline stage (per candidate), and legality."""
+
+    first: IntArray
+    middle: IntArray
+    last: IntArray
+    legal: BoolArray
+    heaviest_chunk: IntArray | None = None
+    """Layers of the heaviest model chunk (virtual stage) where chunks differ within a stage
+    (a custom pipeline layout); None: every stage's chunks are equal."""
+
+    @property
+    def most(self) -> IntArray:
+        """Layers on the most loaded stage."""
+        return np.maximum(np.maximum(self.first, self.middle), self.last)
+
+
+class FrameworkTerms(Protocol):
+    """What the cost model needs from a framework (`autotune.frameworks.Framework` has it)."""
+
+    name: ClassVar[str]
+    context_parallel: ClassVar[Literal["ring", "all_to_all"]]
+    """How context parallelism exchanges keys and values."""
+    tp_async_backward: ClassVar[bool]
+    """Tensor-parallel collectives of the backward pass overlap the weight-gradient GEMM."""
+    tp_comm_overlap: ClassVar[bool]
+    """The framework can run tensor-parallel collectives under the GEMMs."""
+    param_gather_overlaps_forward: ClassVar[bool]
+    """ZeRO parameter gathers of the next step overlap this step's forward pass."""
+    zero2_reduces_every_microbatch: ClassVar[bool]
+    """ZeRO-2 reduces gradients after every micro-batch, not once per step."""
+
+    def padded_vocab(self, vocab: int, tp: Any) -> Any: ...
+
+    def split_layers(self, cfg: AutotuneConfig, pp: np.ndarray, vpp: np.ndarray) -> StageSplit: ...
+
+    def state_bytes(self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray,
+                    gathered: np.ndarray, shard: np.ndarray) -> dict[str, np.ndarray]: ...
+
+    def buffer_bytes(self, cfg: AutotuneConfig, t: LayoutTable,
+                     params: np.ndarray) -> np.ndarray: ...
+
+    def grad_bucket_params(self, cfg: AutotuneConfig, t: LayoutTable,
+                           params: np.ndarray) -> np.ndarray: ...
+
+    def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int: ...
+
+
+_REGISTERED: dict[str, FrameworkTerms] = {}
+
+
+def register_terms(terms: FrameworkTerms) -> None:
+    """Make `terms` the cost-model terms of framework `terms.name`."""
+    _REGISTERED[terms.name] = terms
+
+
+def terms_for(cfg: AutotuneConfig) -> FrameworkTerms:
+    """The terms of the framework `cfg` trains with.
+
+    Raises:
+        AutotuneError: no framework of that name registered its terms.
+    """
+    try:
+        return _REGISTERED[cfg.train.framework]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTERED)) or "none (import autotune.frameworks)"
+        raise AutotuneError(
+            f"--framework: {cfg.train.framework!r} has no cost-model terms; known: {known}"
+        ) from None

@@ -1,0 +1,295 @@
+"""Megatron-LM / megatron-core: its rules, model terms and artifacts.
+
+Rules: Megatron-LM `megatron/training/arguments.py`, megatron-core `transformer_config.py` and
+`transformer/moe/` (NVIDIA/Megatron-LM at d98e8a64). Memory: Megatron-LM
+`theoretical_memory_usage.py` (fp32 main gradients, 18 B/param, 6 + 12/d with the distributed
+optimizer). Artifacts: `pretrain_gpt.sh` (torchrun of the user's checkout's `pretrain_gpt.py`) and
+`sbatch.sh`; the flags come from `autotune.frameworks.megatron.args`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from typing import ClassVar
+
+import numpy as np
+
+from autotune.costmodel.constants import Constants
+from autotune.costmodel.terms import StageSplit
+from autotune.frameworks.base import Framework
+from autotune.frameworks.base import RenderOptions
+from autotune.frameworks.base import Rule
+from autotune.frameworks.base import RuleGroup
+from autotune.frameworks.base import rule
+from autotune.frameworks.megatron.args import fsdp
+from autotune.frameworks.megatron.args import megatron_args
+from autotune.frameworks.megatron.args import needs_single_connection
+from autotune.frameworks.megatron.args import pipeline_plan
+from autotune.frameworks.megatron.args import pipeline_split
+from autotune.frameworks.megatron.args import token_dispatcher
+from autotune.frameworks.megatron.log import MegatronLog
+from autotune.layout import BoolArray
+from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.specs import AutotuneConfig
+from autotune.templating import flag_lines
+from autotune.templating import header
+from autotune.templating import render_template
+
+MEGATRON_RULES: list[Rule] = []
+"""Megatron's own rules."""
+
+
+@rule(MEGATRON_RULES, "sp_needs_tp",
+      "sequence parallelism splits along tp: it needs tp > 1 (Megatron turns it off)",
+      RuleGroup.TENSOR)
+def _sp_tp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = t.sp & (t.tp == 1)
+    return broken
+
+
+@rule(MEGATRON_RULES, "seq_divisible_by_tp_with_sp",
+      "with sequence parallelism seq/cp ({t.seq_length}/{l.cp}) must be divisible by tp ({l.tp})",
+      RuleGroup.TENSOR)
+def _seq_sp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = t.sp & ((cfg.train.seq_length // t.cp) % t.tp != 0)
+    return broken
+
+
+@rule(MEGATRON_RULES, "vpp_needs_pp",
+      "virtual pipeline stages interleave a pipeline: vpp={l.vpp} needs pp > 1",
+      RuleGroup.PIPELINE)
+def _vpp_pp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = (t.vpp > 1) & (t.pp == 1)
+    return broken
+
+
+@rule(MEGATRON_RULES, "interleave_microbatches_divisible_by_pp",
+      "Megatron's interleaved schedule runs micro-batches in groups of pp: micro-batches "
+      "gbs/(mbs·dp) = {t.global_batch_size}/({l.mbs}·{l.dp}) must be a multiple of pp ({l.pp})",
+      RuleGroup.PIPELINE)
+def _interleave_m(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = (t.vpp > 1) & (t.gas % t.pp != 0)
+    return broken
+
+
+@rule(MEGATRON_RULES, "seq_divisible_by_2cp",
+      "context parallelism splits each sequence into 2·cp chunks: seq ({t.seq_length}) must be "
+      "divisible by 2·cp = {l.cp}·2",
+      RuleGroup.CONTEXT)
+def _seq_cp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = (t.cp > 1) & (cfg.train.seq_length % (2 * t.cp) != 0)
+    return broken
+
+
+@rule(MEGATRON_RULES, "moe_tp_needs_sp",
+      "MoE layers refuse to train with tensor parallelism (tp={l.tp}) but without sequence "
+      "parallelism (megatron/core/transformer/moe/moe_layer.py:636): sp must be on",
+      RuleGroup.EXPERT)
+def _moe_sp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    return cfg.model.moe & (t.tp > 1) & ~t.sp
+
+
+@rule(MEGATRON_RULES, "moe_bias_needs_etp1",
+      "megatron-core supports biases in MoE layers only with etp=1 "
+      "(transformer_config.py:2612), not etp={l.etp}",
+      RuleGroup.EXPERT)
+def _moe_bias(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    m = cfg.model
+    return (m.moe and m.add_bias_linear) & (t.etp > 1)
+
+
+@rule(MEGATRON_RULES, "megatron_no_param_offload",
+      "Megatron-LM offloads optimizer states only (--optimizer-cpu-offload), not parameters",
+      RuleGroup.ZERO)
+def _mlm_param_offload(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = t.offload == 2
+    return broken
+
+
+@rule(MEGATRON_RULES, "offload_needs_distributed_optimizer",
+      "Megatron --optimizer-cpu-offload needs --use-precision-aware-optimizer, which needs the "
+      "distributed optimizer (zero=1)",
+      RuleGroup.ZERO)
+def _mlm_offload(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    broken: BoolArray = (t.offload >= 1) & (t.zero != 1)
+    return broken
+
+
+@rule(MEGATRON_RULES, "megatron_fsdp_without_pp",
+      "Megatron-FSDP (zero=2/3: --use-megatron-fsdp) is not tested upstream with pipeline "
+      "parallelism (no test or example); autotune keeps it to pp=1",
+      RuleGroup.ZERO)
+def _fsdp_pp(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
+    return (t.zero >= 2) & (t.pp > 1)
+
+
+class Megatron(Framework):
+    """Megatron-LM: 3D parallelism with sequence parallelism, interleaving and a K/V ring for cp.
+
+    ZeRO stages map to Megatron as 0 DDP, 1 the distributed optimizer, 2 Megatron-FSDP
+    `optim_grads`, 3 `optim_grads_params`.
+    """
+
+    name = "megatron"
+    workload = "megatron_gpt"
+    launch_script = "pretrain_gpt.sh"
+    artifacts = ("pretrain_gpt.sh", "sbatch.sh")
+    default_zero = 1
+    context_parallel = "ring"
+    tp_async_backward = True
+    tp_comm_overlap = True
+    param_gather_overlaps_forward = True
+    tp_may_exceed_query_groups = True
+    checkout_env = "MEGATRON_LM"
+    rules: ClassVar[tuple[Rule, ...]] = tuple(MEGATRON_RULES)
+
+    def default_sp(self, tp: int) -> bool:
+        """Sequence parallelism whenever tp > 1 (Megatron-LM's recommended setting)."""
+        return tp > 1
+
+    def padded_vocab(self, vocab: int, tp: Any) -> Any:
+        """A multiple of 128·tp (`--make-vocab-size-divisible-by 128`, times tp)."""
+        multiple = 128 * tp
+        return -(-vocab // multiple) * multiple
+
+    def split_layers(self, cfg: AutotuneConfig, pp: np.ndarray, vpp: np.ndarray) -> StageSplit:
+        """Megatron's placement (`pipeline_plan`): even over pp·vpp chunks, the embedding/loss
+        counted as layers, explicit first and last stages, or a custom layout (middle: the
+        most loaded middle stage)."""
+        n = pp.shape[0]
+        first, middle, last = (np.zeros(n, dtype=np.int64) for _ in range(3))
+        legal = np.zeros(n, dtype=bool)
+        heaviest = np.zeros(n, dtype=np.int64)
+        width = int(vpp.max(initial=0)) + 1
+        keys = pp * width + vpp  # one per (pp, vpp) pair; bincount finds those present
+        for key in np.flatnonzero(np.bincount(keys)).tolist():
+            p, v = divmod(key, width)
+            plan = pipeline_plan(cfg.model.num_layers, p, v)
+            if plan is None:
+                continue
+            rows = keys == key
+            first[rows], middle[rows], last[rows] = plan.first, plan.middle, plan.last
+            legal[rows] = True
+            heaviest[rows] = max(plan.chunks) if plan.chunks else -(-plan.most // v)
+        return StageSplit(first=first, middle=middle, last=last, legal=legal,
+                          heaviest_chunk=heaviest)
+
+    def state_bytes(
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray,
+        shard: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """16-bit weights, fp32 main gradients (4 B), fp32 master + Adam moments (12 B);
+        sharded over dp·cp (experts: edp) by the distributed optimizer (zero 1) or Megatron-FSDP
+        (2, 3)."""
+        n, z = shard, t.zero
+        weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
+        grads = np.where(z >= 2, 4 * params / n + 4 * (z >= 3) * gathered, 4 * params)
+        optimizer = np.where(z >= 1, 12 * params / n, 12 * params)
+        offloaded = t.offload >= 1
+        optimizer = np.where(offloaded, 0.0, optimizer)
+        host = offloaded * 12 * params / n
+        return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
+
+    def grad_bucket_params(
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray
+    ) -> np.ndarray:
+        """max(40M, 1M · dp·cp) parameters: megatron-core DistributedDataParallel's default
+        `bucket_size` (megatron/core/distributed/distributed_data_parallel.py)."""
+        return np.maximum(40_000_000, 1_000_000 * t.shard_degree)
+
+    def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int:
+        """fp32: Megatron accumulates and reduces gradients in fp32 (`validate_args` for bf16)."""
+        return 4
+
+    def render(
+        self, cfg: AutotuneConfig, layout: Layout, options: RenderOptions
+    ) -> dict[str, str]:
+        """pretrain_gpt.sh and sbatch.sh."""
+        return {
+            "pretrain_gpt.sh": launch_script(cfg, layout, megatron_lm=options.megatron_lm,
+                                             train_iters=options.train_iters,
+                                             trial=options.trial),
+            "sbatch.sh": render_template("megatron/sbatch.sh.j2", **header(cfg, layout),
+                                         **options.sbatch),
+        }
+
+    def launch(self) -> Mapping[str, str]:
+        return {
+            "pretrain_gpt.sh": "on every node: MEGATRON_LM=<Megatron-LM checkout> "
+                               "DATA_PATH=<dataset prefix> TOKENIZER_MODEL=<tokenizer> "
+                               "CHECKPOINT_DIR=<dir> TRAIN_TOKENS=<tokens> NNODES=<nodes> "
+                               "NODE_RANK=<0..nodes-1> MASTER_ADDR=<node 0> bash pretrain_gpt.sh "
+                               "[extra pretrain_gpt.py flags]",
+            "sbatch.sh": "cd <this folder> && MEGATRON_LM=<checkout> sbatch sbatch.sh",
+        }
+
+    def checkout_trial_args(self, steps: int) -> list[str]:
+        """pretrain_gpt.py flags appended last (argparse keeps the last value)."""
+        return ["--train-iters", str(steps), "--log-interval", "1"]
+
+    def log_parser(self) -> MegatronLog:
+        """Reads `training_log` iteration lines and `report_memory` lines."""
+        return MegatronLog()
+
+    def notes(self, cfg: AutotuneConfig, layout: Layout) -> list[str]:
+        notes = []
+        if fsdp(layout) and (layout.tp > 1 or layout.cp > 1):
+            notes.append("Megatron-FSDP with tp/cp: CUDA_DEVICE_MAX_CONNECTIONS stays unset "
+                         "(FSDP forbids 1); Megatron warns that tp/cp overlap less")
+        if cfg.model.moe:
+            dispatcher = token_dispatcher(cfg, layout)
+            notes.append(f"MoE: the experts run on an etp·ep·pp grid ({layout.etp}·{layout.ep}·"
+                         f"{layout.pp}) with the {dispatcher} token dispatcher; "
+                         "--moe-grouped-gemm needs Transformer Engine and a GPU of compute "
+                         "capability >= 8")
+            if dispatcher == "flex":
+                notes.append("flex: the DeepEP backend must be installed "
+                             "(github.com/deepseek-ai/DeepEP, NVSHMEM for cross-node ep)")
+        plan = pipeline_split(cfg, layout)
+        if plan.chunks:
+            notes.append("pipeline: no split flag fits the layers to pp·vpp chunks as evenly, "
+                         "so --pipeline-model-parallel-layout lists each chunk's layers (the "
+                         "embedding on the first chunk, the loss on the last)")
+        elif plan.edge:
+            notes.append("pipeline: layers do not divide over pp·vpp, so the first and last "
+                         "stages hold their own layer counts "
+                         "(--decoder-first/last-pipeline-num-layers)")
+        elif plan.account_embedding or plan.account_loss:
+            notes.append("pipeline: the embedding and/or the loss count as pipeline layers "
+                         "(--account-for-embedding/loss-in-pipeline-split), so the first/last "
+                         "stage builds one transformer layer fewer")
+        return notes
+
+
+def launch_script(
+    cfg: AutotuneConfig,
+    layout: Layout,
+    *,
+    megatron_lm: str = "/opt/Megatron-LM",
+    train_iters: int = 20,
+    trial: bool = False,
+) -> str:
+    """pretrain_gpt.sh: torchrun of Megatron-LM's `pretrain_gpt.py` with every layout flag.
+
+    The data, tokenizer, checkpoints and iteration count come from the script's variables
+    (documented at its top: DATA_PATH, TOKENIZER_MODEL, CHECKPOINT_DIR, TRAIN_ITERS or
+    TRAIN_TOKENS, ...). A trial script (`trial`) trains `train_iters` iterations on synthetic
+    data unless told otherwise; a training script needs DATA_PATH (or MOCK_DATA=1).
+
+    Args:
+        cfg: Model, cluster and training setup.
+        layout: The layout (Megatron rules).
+        megatron_lm: Megatron-LM checkout used when the environment has no MEGATRON_LM.
+        train_iters: Default iterations of a trial script.
+        trial: Render for a short trial on synthetic data (what autotune's runners run).
+    """
+    plan = pipeline_split(cfg, layout)
+    return render_template(
+        "megatron/pretrain_gpt.sh.j2", **header(cfg, layout), megatron_lm=megatron_lm,
+        flag_lines=flag_lines(megatron_args(cfg, layout)),
+        single_connection=needs_single_connection(cfg, layout), fsdp=fsdp(layout), plan=plan,
+        trial=trial, train_iters=train_iters, vocab_size=cfg.model.vocab_size,
+        tokens_per_iteration=layout.global_batch_size * cfg.train.seq_length,
+    )

@@ -1,0 +1,42 @@
+"""One tuning problem: `AutotuneConfig` = model + cluster + training setup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from autotune.specs.cluster import ClusterSpec
+from autotune.specs.model import ModelSpec
+from autotune.specs.train import TrainSpec
+from autotune.specs.types import FROZEN
+
+
+class AutotuneConfig(BaseModel):
+    """Everything that defines a tuning problem: model, cluster and training setup."""
+
+    model_config = FROZEN
+
+    model: ModelSpec
+    """The model to train."""
+    cluster: ClusterSpec
+    """Where it trains."""
+    train: TrainSpec
+    """How it trains."""
+
+    @property
+    def world_size(self) -> int:
+        """Accelerators used by every layout."""
+        return self.cluster.world_size
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two problems the same: model, training, and the cluster's shape and GPU
+        (not throughput figures measured on the spot, as for the local CPU cluster)."""
+        cluster = self.cluster.model_dump(mode="json", exclude={"gpu"})
+        cluster["gpu"] = {"name": self.cluster.gpu.name}
+        if not self.cluster.cpu_processes:
+            cluster["gpu"] = self.cluster.gpu.model_dump(mode="json")
+        else:
+            cluster.pop("host_memory_gb")
+        return {"model": self.model.model_dump(mode="json"), "cluster": cluster,
+                "train": self.train.model_dump(mode="json")}

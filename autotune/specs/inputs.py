@@ -1,0 +1,425 @@
+"""Turn what a user types (preset names, YAML files, Hugging Face config.json) into specs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel
+from pydantic import ValidationError
+
+from autotune.exceptions import AutotuneError
+from autotune.exceptions import shorten
+from autotune.resources import resource_dir
+from autotune.specs.cluster import ClusterSpec
+from autotune.specs.cluster import GPUSpec
+from autotune.specs.config import AutotuneConfig
+from autotune.specs.hf import hf_to_megatron
+from autotune.specs.model import ModelSpec
+from autotune.specs.train import TrainSpec
+
+
+@cache
+def _presets(kind: str) -> dict[str, Any]:
+    text = (resource_dir("presets") / f"{kind}.yaml").read_text()
+    presets: dict[str, Any] = yaml.safe_load(text)
+    return presets
+
+
+def model_presets() -> list[str]:
+    """Names of the model presets."""
+    return sorted(_presets("models"))
+
+
+def cluster_presets() -> list[str]:
+    """Names of the cluster presets (use as NAME:NODES)."""
+    return sorted(_presets("clusters"))
+
+
+def gpu_presets() -> list[str]:
+    """Names of the accelerator presets."""
+    return sorted(_presets("gpus"))
+
+
+def validation_problems(error: ValidationError) -> list[tuple[tuple[str | int, ...], str, str]]:
+    """(location, offending value shortened or '', message) of each pydantic error."""
+    problems = []
+    for item in error.errors():
+        value = item.get("input")
+        shown = ""
+        if item["type"] != "missing" and not isinstance(value, dict | list | tuple):
+            shown = shorten(value, 40)
+        message = item["msg"].removeprefix("Value error, ")
+        problems.append((tuple(item["loc"]), shown, message))
+    return problems
+
+
+def validation_message(error: ValidationError, source: str) -> str:
+    """The pydantic errors as one line: `source: field = value: problem; field: problem`."""
+    parts = []
+    for loc, value, message in validation_problems(error):
+        field = ".".join(str(part) for part in loc) or "(root)"
+        parts.append(f"{field} = {value}: {message}" if value else f"{field}: {message}")
+    return f"{source}: " + "; ".join(parts)
+
+
+_Spec = TypeVar("_Spec", bound=BaseModel)
+
+
+def _build(cls: type[_Spec], data: Any, source: str) -> _Spec:
+    if not isinstance(data, dict):
+        raise AutotuneError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return cls(**data)
+    except ValidationError as error:
+        raise AutotuneError(validation_message(error, source)) from None
+    except TypeError as error:
+        raise AutotuneError(f"{source}: {error}") from None
+
+
+def existing_path(ref: str) -> Path | None:
+    """`ref` as the path of an existing file or folder, else None (never raises)."""
+    try:
+        path = Path(ref)
+        return path if path.exists() else None
+    except (OSError, ValueError):  # a name too long for the file system, a NUL byte
+        return None
+
+
+def read_structured(path: Path) -> Any:
+    """A user's YAML (or, by its suffix, JSON) file as Python values.
+
+    Raises:
+        AutotuneError: unreadable, not text, or not valid YAML/JSON (one line, where).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise AutotuneError(f"{path}: not a text file (YAML or JSON is UTF-8 text)") from None
+    except OSError as error:
+        raise AutotuneError(f"cannot read {path}: {error.strerror}") from None
+    try:
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as error:
+        raise AutotuneError(
+            f"{path} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}"
+        ) from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or type(error).__name__
+        raise AutotuneError(f"{path} is not valid YAML: {problem}{where}") from None
+    except RecursionError:
+        raise AutotuneError(f"{path} nests too deeply to be a model or a cluster") from None
+
+
+def load_model(ref: str) -> ModelSpec:
+    """A model from a preset name, a YAML file (Megatron names) or a Hugging Face config.json."""
+    presets = _presets("models")
+    if ref in presets:
+        return _build(ModelSpec, {"name": ref, **presets[ref]["model"]}, f"model preset {ref}")
+    path = existing_path(ref)
+    if path is None:
+        raise AutotuneError(
+            f"--model: {shorten(ref)} is neither a preset nor a file; "
+            f"presets: {', '.join(model_presets())}"
+        )
+    data = read_structured(path)
+    if isinstance(data, dict) and (
+        "model_type" in data or "architectures" in data or "n_layer" in data
+    ):
+        try:
+            data = hf_to_megatron(data, str(path))
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise AutotuneError(
+                f"{path}: not a Hugging Face config autotune can read ({type(error).__name__}: "
+                f"{shorten(str(error))})"
+            ) from None
+    elif isinstance(data, dict):
+        data = {"name": path.stem, **data}
+    return _build(ModelSpec, data, str(path))
+
+
+def default_train(model_ref: str) -> dict[str, Any]:
+    """The preset's own training defaults (sequence length, global batch, precision), if any."""
+    return dict(_presets("models").get(model_ref, {}).get("train", {}))
+
+
+def load_gpu(ref: Any, source: str) -> GPUSpec:
+    """An accelerator from a preset name or an inline mapping."""
+    if isinstance(ref, dict):
+        return _build(GPUSpec, ref, f"{source}: gpu")
+    gpus = _presets("gpus")
+    if not isinstance(ref, str) or ref not in gpus:
+        raise AutotuneError(
+            f"{source}: gpu: {shorten(ref)} is neither a preset nor a mapping of memory_gb, "
+            f"peak_tflops and hbm_tb_s; presets: {', '.join(gpu_presets())}"
+        )
+    return _build(GPUSpec, {"name": ref, **gpus[ref]}, f"gpu preset {ref}")
+
+
+def _cluster_from_mapping(data: dict[str, Any], name: str, source: str) -> ClusterSpec:
+    if not isinstance(data, dict):
+        raise AutotuneError(f"{source}: expected a mapping of fields")
+    if "gpu" not in data:
+        raise AutotuneError(f"{source}: gpu: field required (a preset name or a mapping)")
+    fields = {**data, "gpu": load_gpu(data["gpu"], source), "name": data.get("name", name)}
+    return _build(ClusterSpec, fields, source)
+
+
+def load_cluster(ref: str, processes: int | None = None) -> ClusterSpec:
+    """A cluster from `NAME:NODES`, a YAML file, or `local` (CPU processes when no GPU)."""
+    if ref == "local":
+        return local_cluster(processes)
+    presets = _presets("clusters")
+    name, _, nodes_text = ref.partition(":")
+    if name in presets:
+        try:
+            nodes = int(nodes_text or "1")
+        except ValueError:
+            raise AutotuneError(
+                f"--cluster: node count in {shorten(ref)} must be an integer, as in {name}:4"
+            ) from None
+        if nodes < 1:
+            raise AutotuneError(f"--cluster: node count in {shorten(ref)} must be at least 1")
+        return _cluster_from_mapping(
+            {**presets[name], "nodes": nodes}, ref, f"--cluster {shorten(ref)}"
+        )
+    path = existing_path(ref)
+    if path is None:
+        raise AutotuneError(
+            f"--cluster: {shorten(ref)} is neither NAME:NODES, a file nor 'local'; presets: "
+            f"{', '.join(cluster_presets())}"
+        )
+    return _cluster_from_mapping(read_structured(path), path.stem, str(path))
+
+
+def _host_memory_gb() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError):
+        return 16.0
+
+
+@cache
+def cpu_matmul_tflops() -> float:
+    """fp32 matrix-multiply throughput of one core, measured once (about 0.1 s)."""
+    import time
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = torch.randn(512, 512)
+        torch.mm(a, a)
+        start = time.perf_counter()
+        repeats = 8
+        for _ in range(repeats):
+            torch.mm(a, a)
+        elapsed = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * 512**3 * repeats / elapsed / 1e12
+
+
+GPU_FAMILIES = {"a100-sxm-80gb": "a100", "h100-sxm-80gb": "h100", "h200-sxm-141gb": "h200"}
+"""The CUDA device names a GPU preset covers: the name holds the family and none of
+OTHER_VARIANTS, and the memory is the preset's within MEMORY_TOLERANCE."""
+OTHER_VARIANTS = ("pcie", "nvl")
+"""Words naming PCIe and NVL cards, whose peaks are lower than the SXM presets'."""
+MEMORY_TOLERANCE = 0.05
+"""CUDA reports an H100 SXM as 79.6 GiB and an H200 SXM as 140.4 GiB (presets: 80, 141)."""
+NVLINK_GB_S = 25.0
+"""Bandwidth of one NVLink per direction, GB/s, for NVLink 3 and 4: an A100 SXM has 12 links
+(600 GB/s both ways, NVIDIA A100 datasheet), an H100/H200 SXM 18 (900 GB/s both ways, NVIDIA
+H100 datasheet); `nvidia-smi topo -m` shows `NV<links>` between two GPUs."""
+
+
+def gpu_preset_for(device_name: str, memory_gib: float) -> str:
+    """The GPU preset of a CUDA device, by its name and its memory in GiB.
+
+    Raises:
+        AutotuneError: when no preset matches both (its peaks would be guesses).
+    """
+    name = device_name.lower()
+    gpus = _presets("gpus")
+    for preset, family in GPU_FAMILIES.items():
+        expected = float(gpus[preset]["memory_gb"])
+        if (
+            family in name
+            and not any(word in name for word in OTHER_VARIANTS)
+            and abs(memory_gib - expected) <= MEMORY_TOLERANCE * expected
+        ):
+            return preset
+    raise AutotuneError(
+        f"--cluster local: the GPU {shorten(device_name)} ({memory_gib:.1f} GiB) matches no "
+        f"preset ({', '.join(GPU_FAMILIES)}); describe the machine in a cluster YAML (gpu: "
+        "{memory_gb, peak_tflops, hbm_tb_s} and the links, see README) and pass --cluster FILE"
+    )
+
+
+def nvlinks(topology: str, gpus: int) -> int | None:
+    """The fewest NVLinks between any two of the first `gpus` GPUs in `nvidia-smi topo -m`
+    output; 0 when a pair talks over PCIe; None when the matrix cannot be read."""
+    rows: dict[int, list[str]] = {}
+    for line in topology.splitlines():
+        cells = line.split()
+        if cells and re.fullmatch(r"GPU\d+", cells[0]):
+            rows[int(cells[0][3:])] = cells[1:]
+    links = []
+    for i in range(gpus):
+        for j in range(gpus):
+            if i == j:
+                continue
+            if i not in rows or len(rows[i]) <= j:
+                return None
+            match = re.fullmatch(r"NV(\d+)", rows[i][j])
+            links.append(int(match[1]) if match else 0)
+    return min(links) if links else None
+
+
+def _nvidia_smi_topology() -> str | None:
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _cuda_devices() -> tuple[int, Any]:
+    """The number of CUDA devices and the properties of the first (0, None without CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0, None
+    if not torch.cuda.is_available() or not torch.cuda.device_count():
+        return 0, None
+    return torch.cuda.device_count(), torch.cuda.get_device_properties(0)
+
+
+def local_cluster(processes: int | None = None) -> ClusterSpec:
+    """This machine: its CUDA GPUs, or CPU worker processes on gloo when there are none.
+
+    With GPUs, the device is matched to its preset by name and memory (GiB, as CUDA reports
+    it), so the preset's calibrated constants apply; the link inside the machine is read from
+    `nvidia-smi topo -m` (NVLinks × NVLINK_GB_S, or PCIe when a pair has no NVLink), else taken
+    from the cluster preset of that GPU (vendor datasheets, cited in clusters.yaml).
+
+    On CPU the 'GPU' is one worker process: memory is the host memory shared by the processes,
+    and peak FLOP/s is a single-core fp32 matmul measured here times the cores per process.
+
+    Raises:
+        AutotuneError: an unknown GPU, or more --processes than GPUs.
+    """
+    host_gb = _host_memory_gb()
+    gpus, props = _cuda_devices()
+    if gpus:
+        return _local_gpu_cluster(gpus, props, processes, host_gb)
+    count = processes or 2
+    cores = os.cpu_count() or 1
+    per_process_tflops = cpu_matmul_tflops() * max(1, cores // count)
+    gpu = GPUSpec(
+        name="cpu",
+        memory_gb=host_gb * 1e9 / 2**30 / count,
+        peak_tflops={"fp32": per_process_tflops, "bf16": per_process_tflops / 6},
+        hbm_tb_s=0.01,
+    )
+    return ClusterSpec(
+        name="local",
+        nodes=1,
+        gpus_per_node=count,
+        gpu=gpu,
+        intra_node_gb_s=2.0,
+        inter_node_gb_s=1.0,
+        host_memory_gb=host_gb,
+        pcie_gb_s=10.0,
+        cpu_processes=True,
+    )
+
+
+def _local_gpu_cluster(
+    gpus: int, props: Any, processes: int | None, host_gb: float
+) -> ClusterSpec:
+    if processes is not None and processes > gpus:
+        raise AutotuneError(
+            f"--processes: {processes} exceeds the {gpus} GPUs of this machine; use at most {gpus}"
+        )
+    count = processes or gpus
+    preset = gpu_preset_for(props.name, props.total_memory / 2**30)
+    node = next(c for c in _presets("clusters").values() if c["gpu"] == preset)
+    intra = float(node["intra_node_gb_s"])
+    topology = _nvidia_smi_topology() if count > 1 else None
+    links = nvlinks(topology, count) if topology else None
+    if links is not None:
+        intra = links * NVLINK_GB_S if links else float(node["pcie_gb_s"])
+    gpu = load_gpu(preset, "--cluster local").model_copy(
+        update={"memory_gb": props.total_memory / 2**30}  # what this device has, in GiB
+    )
+    return ClusterSpec(
+        name="local",
+        nodes=1,
+        gpus_per_node=count,
+        gpu=gpu,
+        intra_node_gb_s=intra,
+        inter_node_gb_s=node["inter_node_gb_s"],
+        host_memory_gb=host_gb,
+        pcie_gb_s=node["pcie_gb_s"],
+    )
+
+
+def load_config(
+    model: str,
+    cluster: str,
+    *,
+    seq_length: int | None = None,
+    global_batch_size: int | None = None,
+    precision: str | None = None,
+    framework: str | None = None,
+    processes: int | None = None,
+    moe_token_dispatcher: str | None = None,
+    moe_a2a_overlap: bool | None = None,
+) -> AutotuneConfig:
+    """Model, cluster and training setup from CLI-style references; None takes the default."""
+    model_spec = load_model(model)
+    cluster_spec = load_cluster(cluster, processes)
+    train: dict[str, Any] = {
+        "seq_length": min(model_spec.max_position_embeddings, 4096),
+        "global_batch_size": 512,
+    }
+    train.update(default_train(model))
+    if cluster_spec.cpu_processes:
+        train["precision"] = "fp32"
+    overrides = {
+        "seq_length": seq_length,
+        "global_batch_size": global_batch_size,
+        "precision": precision,
+        "framework": framework,
+        "moe_token_dispatcher": moe_token_dispatcher,
+        "moe_a2a_overlap": moe_a2a_overlap,
+    }
+    train.update({key: value for key, value in overrides.items() if value is not None})
+    train_spec = _build(TrainSpec, train, "training setup")
+    if train_spec.precision not in cluster_spec.gpu.peak_tflops:
+        supported = ", ".join(cluster_spec.gpu.peak_tflops)
+        raise AutotuneError(
+            f"--precision: {cluster_spec.gpu.name} has no {train_spec.precision} support; "
+            f"choose one of {supported}"
+        )
+    if train_spec.seq_length > model_spec.max_position_embeddings and (
+        model_spec.position_embedding == "learned_absolute"
+    ):
+        raise AutotuneError(
+            f"--seq: {train_spec.seq_length} exceeds the model's learned positions "
+            f"({model_spec.max_position_embeddings}); lower --seq"
+        )
+    return AutotuneConfig(model=model_spec, cluster=cluster_spec, train=train_spec)

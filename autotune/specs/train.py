@@ -1,0 +1,62 @@
+"""How it trains: `TrainSpec` (sequence, batch, precision, framework and its options)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+from pydantic import StrictBool
+from pydantic import model_validator
+
+from autotune.specs.types import FROZEN
+from autotune.specs.types import BatchSize
+from autotune.specs.types import Framework
+from autotune.specs.types import Precision
+from autotune.specs.types import SeqLength
+
+
+class TrainSpec(BaseModel):
+    """The training setup a layout must serve."""
+
+    model_config = FROZEN
+
+    seq_length: SeqLength
+    """Tokens per sequence."""
+    global_batch_size: BatchSize
+    """Sequences per optimizer step, over all data-parallel replicas."""
+    precision: Precision = "bf16"
+    """Compute precision of the matrix multiplies (fp8 = fp8 GEMMs with bf16 elsewhere)."""
+    framework: Framework = "megatron"
+    """Framework whose rules and configs apply."""
+    flash_attention: StrictBool = True
+    """Fused attention that never stores the s×s score matrix (FlashAttention / cuDNN)."""
+    overlap_grad_reduce: StrictBool = True
+    """Data-parallel gradient reduction overlaps the last backward pass."""
+    tp_comm_overlap: bool = False
+    """Tensor-parallel collectives run in chunks under the GEMMs (Transformer Engine userbuffers:
+    Megatron's `--tp-comm-overlap`, with sequence parallelism only)."""
+    moe_token_dispatcher: Literal["alltoall", "flex"] = "alltoall"
+    """How MoE layers with ep > 1 move tokens to their experts (Megatron's
+    `--moe-token-dispatcher-type`): alltoall, NCCL all-to-all of every top-k copy (Megatron's
+    guide's choice for ep > 1); flex, DeepEP (`--moe-flex-dispatcher-backend deepep`), one copy
+    per destination node over the network, forwarded over NVLink, which needs DeepEP installed
+    on GPUs. ep = 1 always gathers (allgather)."""
+    moe_a2a_overlap: StrictBool = False
+    """Megatron's EP all-to-all overlap (`--overlap-moe-expert-parallel-comm
+    --delay-wgrad-compute`, off by default): a micro-batch's dispatch and combine run under
+    another's forward and backward, on the layouts that allow it
+    (`autotune.costmodel.expert_dispatch.a2a_overlap_runs`)."""
+
+    @model_validator(mode="after")
+    def _check_moe_comm(self) -> TrainSpec:
+        if self.framework != "megatron" and self.moe_token_dispatcher != "alltoall":
+            raise ValueError(f"moe_token_dispatcher {self.moe_token_dispatcher!r} is Megatron's; "
+                             f"use alltoall with {self.framework}")
+        if self.framework != "megatron" and self.moe_a2a_overlap:
+            raise ValueError(f"moe_a2a_overlap is Megatron's; set it false for {self.framework}")
+        return self
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step."""
+        return self.seq_length * self.global_batch_size
