@@ -29,7 +29,6 @@ import numpy as np
 
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.kernels import routed_tokens
-from autotune.costmodel.sharding import expert_data_parallel
 from autotune.costmodel.sharding import expert_params_on_rank
 from autotune.costmodel.sharding import largest_module_params
 from autotune.costmodel.sharding import params_on_rank
@@ -130,7 +129,7 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[s
         if share:
             experts = expert_params_on_rank(m, t, stage.layers)
             expert_states = framework.state_bytes(cfg, t, experts, 0 * gathered,
-                                                  shard=expert_data_parallel(t))
+                                                  shard=t.expert_data_parallel)
             states = {name: states[name] + expert_states[name] for name in states}
             params = params + experts
         activations = stage.layers * stage.in_flight * stored_per_layer
