@@ -147,6 +147,9 @@ def _default(field: FieldInfo) -> str:
     if field.default is PydanticUndefined and field.default_factory is None:
         return "required"
     value = field.get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):
+        name = type(value).__name__
+        return f"[{name}](#{name.lower()})'s defaults"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     return f"`{value}`" if value is not None else "`None`"
@@ -169,8 +172,19 @@ def _model_section(model: type[BaseModel], level: str = "##") -> list[str]:
     return [f"{level} {model.__name__}", "", doc, "", *fields_table(model), ""]
 
 
+def _nested_models(model: type[BaseModel]) -> list[type[BaseModel]]:
+    """`model` and every pydantic model its fields hold, depth first, each once."""
+    found: list[type[BaseModel]] = [model]
+    for field in model.model_fields.values():
+        for kind in (field.annotation, *typing.get_args(field.annotation)):
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                found += [m for m in _nested_models(kind) if m not in found]
+    return found
+
+
 def specs_page() -> str:
     """Every input field of a tuning problem and of a search space."""
+    from autotune.run import RunConfig
     from autotune.space.search_space import SearchSpace
     from autotune.specs import ClusterSpec
     from autotune.specs import GPUSpec
@@ -188,6 +202,13 @@ def specs_page() -> str:
         "examples.", "",
     ]
     for model in (ModelSpec, RopeScaling, ClusterSpec, GPUSpec, TrainSpec, SearchSpace):
+        lines += _model_section(model)
+    lines += [
+        "# Run configuration", "",
+        "A whole run as one typed value (`autotune.run.RunConfig`): what the CLI's options fill "
+        "and what `run.json` records in an output folder.", "",
+    ]
+    for model in _nested_models(RunConfig):
         lines += _model_section(model)
     return "\n".join(lines)
 

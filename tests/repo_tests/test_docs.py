@@ -45,6 +45,11 @@ def test_every_rule_option_field_and_constant_is_documented(pages: dict[str, str
     models' fields): each name appears on its page."""
     from autotune.cli.app import app
     from autotune.costmodel.constants import Constants
+    from autotune.run import Problem
+    from autotune.run import RunConfig
+    from autotune.run import ScaleSettings
+    from autotune.runners.factory import RunnerSettings
+    from autotune.search.settings import TuneSettings
     from autotune.space.rules import RULES
     from autotune.space.search_space import SearchSpace
     from autotune.specs import ClusterSpec
@@ -61,7 +66,8 @@ def test_every_rule_option_field_and_constant_is_documented(pages: dict[str, str
         flags = [o for p in command.params for o in p.opts if o.startswith("--")]
         assert [f for f in flags if f not in section] == [], name
     specs = pages["docs/reference/specs.md"]
-    for model in (ModelSpec, ClusterSpec, GPUSpec, TrainSpec, SearchSpace):
+    for model in (ModelSpec, ClusterSpec, GPUSpec, TrainSpec, SearchSpace, RunConfig, Problem,
+                  RunnerSettings, TuneSettings, ScaleSettings):
         assert [f for f in model.model_fields if f"| `{f}` |" not in specs] == [], model
     constants = pages["docs/reference/constants.md"]
     assert [f for f in Constants.model_fields if f"| `{f}` |" not in constants] == []
