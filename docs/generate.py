@@ -152,6 +152,8 @@ def _default(field: FieldInfo) -> str:
         return f"[{name}](#{name.lower()})'s defaults"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
+    if isinstance(value, float):
+        return f"`{value:g}`"
     return f"`{value}`" if value is not None else "`None`"
 
 
@@ -220,17 +222,21 @@ def constants_page() -> str:
     from autotune.costmodel.constants import Constants
 
     def fit(name: str, _: FieldInfo) -> str:
-        return "{:g}-{:g}".format(*FIT_BOUNDS[name]) if name in FIT_BOUNDS else "not fitted"
+        return "{:g}-{:g}".format(*FIT_BOUNDS[name]) if name in FIT_BOUNDS else "-"
 
     table = yaml.safe_load((ROOT / "autotune/presets/constants.yaml").read_text())
     gpus = [g for g in table if g != "default"]
     rows = [[f"`{name}`", _default(field).strip("`")] + [
-        f"{table[g][name]:g}" if name in table[g] else "" for g in gpus]
+        str(table[g][name]) if name in table[g] else "" for g in gpus]
         for name, field in Constants.model_fields.items()]
     lines = [
         "# Cost-model constants", "", GENERATED, "",
         inspect.cleandoc(constants.__doc__ or ""), "",
-        "## Fields", "", *fields_table(Constants, fit), "",
+        "## Fields", "",
+        "The last column gives the bounds within which "
+        "`autotune.calibration.fit.fit_constants` may move a constant (`FIT_BOUNDS`); `-`: the "
+        "fits leave it at its value.", "",
+        *fields_table(Constants, fit), "",
         "## Calibrated values per GPU preset", "",
         "From `autotune/presets/constants.yaml` (written by `python benchmarks/accuracy.py "
         "--fit`); an empty cell keeps the default.", "",
@@ -240,6 +246,10 @@ def constants_page() -> str:
 
 
 # --- presets ----------------------------------------------------------------------------------
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
 
 
 def presets_page() -> str:
@@ -259,7 +269,7 @@ def presets_page() -> str:
         models.append([
             f"`{name}`", str(m.num_layers), str(m.hidden_size), str(m.num_attention_heads),
             str(m.num_query_groups or m.num_attention_heads), str(m.num_experts or "-"),
-            f"{m.num_params() / 1e9:.2f}", f"{m.active_params() / 1e9:.2f}",
+            _count(m.num_params()), _count(m.active_params()),
             str(train.get("seq_length", "")), str(train.get("global_batch_size", ""))])
     clusters = []
     for name in cluster_presets():
@@ -275,11 +285,12 @@ def presets_page() -> str:
     lines = [
         "# Presets", "", GENERATED, "",
         "Each preset's source (paper, released config.json, datasheet) is cited in its YAML "
-        "file under `autotune/presets/`. Parameters in billions (B), as transformers counts "
-        "them for the same config; seq and gbs are the preset's training defaults.", "",
+        "file under `autotune/presets/`. Parameters are `ModelSpec.num_params` and "
+        "`active_params` (per token), the counts the tests check against transformers' models; "
+        "seq and gbs are the preset's training defaults.", "",
         "## Models (`--model NAME`)", "",
-        *_table(["name", "layers", "hidden", "heads", "kv groups", "experts", "params (B)",
-                 "active (B)", "seq", "gbs"], models), "",
+        *_table(["name", "layers", "hidden", "heads", "kv groups", "experts", "params",
+                 "active", "seq", "gbs"], models), "",
         "## Clusters (`--cluster NAME:NODES`)", "",
         "Bandwidths per GPU and direction.", "",
         *_table(["cluster", "gpu", "GPUs per node", "NVLink GB/s", "network GB/s",
