@@ -220,6 +220,8 @@ def constants_page() -> str:
     from autotune.costmodel import constants
     from autotune.costmodel.constants import FIT_BOUNDS
     from autotune.costmodel.constants import Constants
+    from autotune.costmodel.memory import MEMORY_PARTS
+    from autotune.costmodel.step_time import TIME_PARTS
 
     def fit(name: str, _: FieldInfo) -> str:
         return "{:g}-{:g}".format(*FIT_BOUNDS[name]) if name in FIT_BOUNDS else "-"
@@ -237,6 +239,13 @@ def constants_page() -> str:
         "`autotune.calibration.fit.fit_constants` may move a constant (`FIT_BOUNDS`); `-`: the "
         "fits leave it at its value.", "",
         *fields_table(Constants, fit), "",
+        "## Named parts of the estimates", "",
+        "In report order, as `autotune estimate` and the reports show them; what each holds is "
+        "explained in [the cost model](../explanation/cost-model.md#the-named-parts).", "",
+        "- memory (`autotune.costmodel.memory.MEMORY_PARTS`): "
+        + ", ".join(f"`{name}`" for name in MEMORY_PARTS),
+        "- step time (`autotune.costmodel.step_time.TIME_PARTS`): "
+        + ", ".join(f"`{name}`" for name in TIME_PARTS), "",
         "## Calibrated values per GPU preset", "",
         "From `autotune/presets/constants.yaml` (written by `python benchmarks/accuracy.py "
         "--fit`); an empty cell keeps the default.", "",

@@ -47,9 +47,12 @@ def test_generated_pages_are_current(pages: dict[str, str]) -> None:
 
 def test_every_rule_option_field_and_constant_is_documented(pages: dict[str, str]) -> None:
     """Oracle: the registries themselves (RULES, the click commands of the Typer app, the
-    models' fields): each name appears on its page."""
+    models' fields, the named parts of the estimates): each name appears on its page, and each
+    part is explained in docs/explanation/cost-model.md."""
     from autotune.cli.app import app
     from autotune.costmodel.constants import Constants
+    from autotune.costmodel.memory import MEMORY_PARTS
+    from autotune.costmodel.step_time import TIME_PARTS
     from autotune.run import Problem
     from autotune.run import RunConfig
     from autotune.run import ScaleSettings
@@ -76,6 +79,9 @@ def test_every_rule_option_field_and_constant_is_documented(pages: dict[str, str
         assert [f for f in model.model_fields if f"| `{f}` |" not in specs] == [], model
     constants = pages["docs/reference/constants.md"]
     assert [f for f in Constants.model_fields if f"| `{f}` |" not in constants] == []
+    explained = (ROOT / "docs/explanation/cost-model.md").read_text()
+    for part in (*MEMORY_PARTS, *TIME_PARTS):
+        assert f"`{part}`" in constants and f"| `{part}` |" in explained, part
 
 
 def _row(page: str, field: str) -> str:
