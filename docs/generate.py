@@ -47,6 +47,16 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 # --- rules ------------------------------------------------------------------------------------
 
 
+def workload_limits() -> list[tuple[str, Any]]:
+    """(trial program, rule) for each built-in workload's `LIMITS`."""
+    import importlib
+
+    from autotune.workloads import WORKLOADS
+
+    return [(name, rule) for name in sorted(WORKLOADS)
+            for rule in importlib.import_module(f"autotune.workloads.{name}").LIMITS]
+
+
 def rules_page() -> str:
     """Every rule: name, group, the frameworks it applies to, its reason, where it is defined
     (whose module docstring cites the framework source it was read from)."""
@@ -74,6 +84,15 @@ def rules_page() -> str:
             [f"`{r.name}`", ", ".join(applies[r.name]), r.reason, f"`{r.check.__module__}`"]
             for r in rules if r.group == group])
         lines.append("")
+    limits = workload_limits()
+    lines += ["## workload limits", "",
+              "What a built-in trial program cannot train although the framework's rules allow "
+              "it; checked when a trial runs that program (the trial is `rejected` with the "
+              "reason).", "",
+              *_table(["rule", "trial program", "reason", "defined in"], [
+                  [f"`{r.name}`", f"`{program}`", r.reason, f"`{r.check.__module__}`"]
+                  for program, r in limits]), ""]
+    rules += [r for _, r in limits]
     lines += ["## Sources", "",
               "Each module that defines rules cites, in its docstring, the framework code the "
               "rules were read from:", ""]

@@ -67,6 +67,11 @@ def test_every_rule_option_field_and_constant_is_documented(pages: dict[str, str
 
     rules = pages["docs/reference/rules.md"]
     assert [n for n in RULES if f"`{n}`" not in rules] == []
+    from autotune.workloads import deepspeed_gpt
+    from autotune.workloads import megatron_gpt
+
+    limits = [r.name for r in (*deepspeed_gpt.LIMITS, *megatron_gpt.LIMITS)]
+    assert limits and [n for n in limits if f"| `{n}` |" not in rules] == []
     group = typer.main.get_command(app)
     cli = pages["docs/reference/cli.md"]
     for name, command in getattr(group, "commands", {}).items():
