@@ -29,8 +29,14 @@ def _generator() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def pages() -> dict[str, str]:
-    return dict(_generator().generated())
+def layers() -> dict[str, int]:
+    """The structure test's layers (derived from the package's imports)."""
+    return dict(_generator()._structure_layers())
+
+
+@pytest.fixture(scope="module")
+def pages(layers: dict[str, int]) -> dict[str, str]:
+    return dict(_generator().generated(layers))
 
 
 def test_generated_pages_are_current(pages: dict[str, str]) -> None:
@@ -107,10 +113,10 @@ def test_bounds_are_read_from_the_types(pages: dict[str, str]) -> None:
     assert _row(constants, "hbm_efficiency").endswith("| - |")
 
 
-def test_layers_block_lists_every_unit_once(pages: dict[str, str]) -> None:
+def test_layers_block_lists_every_unit_once(pages: dict[str, str],
+                                            layers: dict[str, int]) -> None:
     """Oracle: the structure test's layers (derived from the imports): every subpackage and
     root module appears under its layer number, in order."""
-    layers = _generator()._structure_layers()
     block = pages["docs/development.md"]
     current = -1
     seen: dict[str, int] = {}
