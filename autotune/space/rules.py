@@ -13,7 +13,6 @@ import numpy as np
 
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.constants import constants_for
-from autotune.costmodel.memory import GIB
 from autotune.costmodel.memory import estimate_memory
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.costmodel.memory import usable_host_bytes
@@ -27,6 +26,7 @@ from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
+from autotune.units import GIB
 
 MEMORY_RULES: list[Rule] = []
 """The rules that need the memory model (they run last)."""
