@@ -53,12 +53,14 @@ def test_generated_pages_are_current(pages: dict[str, str]) -> None:
 
 def test_every_rule_option_field_and_constant_is_documented(pages: dict[str, str]) -> None:
     """Oracle: the registries themselves (RULES, the click commands of the Typer app, the
-    models' fields, the named parts of the estimates): each name appears on its page, and each
-    part is explained in docs/explanation/cost-model.md."""
+    models' fields, the named parts of the estimates, the trial statuses): each name appears on
+    its page, each part is explained in docs/explanation/cost-model.md and each status in
+    docs/guide/local-trials.md."""
     from autotune.cli.app import app
     from autotune.costmodel.constants import Constants
     from autotune.costmodel.memory import MEMORY_PARTS
     from autotune.costmodel.step_time import TIME_PARTS
+    from autotune.measurement import Status
     from autotune.run import Problem
     from autotune.run import RunConfig
     from autotune.run import ScaleSettings
@@ -90,6 +92,8 @@ def test_every_rule_option_field_and_constant_is_documented(pages: dict[str, str
         assert [f for f in model.model_fields if f"| `{f}` |" not in specs] == [], model
     constants = pages["docs/reference/constants.md"]
     assert [f for f in Constants.model_fields if f"| `{f}` |" not in constants] == []
+    trials = (ROOT / "docs/guide/local-trials.md").read_text()
+    assert [s for s in Status if f"`{s.value}`" not in trials] == []
     explained = (ROOT / "docs/explanation/cost-model.md").read_text()
     for part in (*MEMORY_PARTS, *TIME_PARTS):
         assert f"`{part}`" in constants and f"| `{part}` |" in explained, part
