@@ -46,6 +46,8 @@ from autotune.planning.quantities import parse_days
 from autotune.planning.quantities import parse_money
 from autotune.planning.quantities import parse_prices
 from autotune.planning.quantities import parse_tokens
+from autotune.report.data import PLAN_JSON
+from autotune.report.data import PLAN_SCHEMA
 from autotune.report.data import rounded
 from autotune.space.search_space import load_space
 from autotune.specs import AutotuneConfig
@@ -57,9 +59,7 @@ from autotune.specs.inputs import cluster_presets
 from autotune.specs.inputs import existing_path
 from autotune.specs.inputs import load_config
 
-PLAN_JSON = "plan.json"
 PLAN_CSV = "plan.csv"
-SCHEMA = "autotune.plan/1"
 CSV_COLUMNS = (
     "cluster", "name", "gpu", "nodes", "gpus", "global_batch_size", "global_batch_tokens",
     "status", "layout", "tokens_per_s", "tokens_per_s_low", "tokens_per_s_high", "interval",
@@ -146,7 +146,7 @@ class Plan:
         """JSON form (plan.json)."""
         chosen = self.chosen
         return {
-            "schema": SCHEMA,
+            "schema": PLAN_SCHEMA,
             "inputs": self.config.model_dump(mode="json"),
             "tokens": self.config.tokens,
             "constants": self.constants,
@@ -180,15 +180,6 @@ class Plan:
 
 def _cell(value: Any) -> Any:
     return "" if value is None else f"{value:.6g}" if isinstance(value, float) else value
-
-
-def read_plan(out_dir: str | Path) -> dict[str, Any] | None:
-    """plan.json of a folder as a dict, or None when the folder has none."""
-    path = Path(out_dir) / PLAN_JSON
-    if not path.is_file():
-        return None
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
 
 
 # --- inputs -----------------------------------------------------------------------------------
