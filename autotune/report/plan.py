@@ -158,6 +158,24 @@ def verified_table(doc: dict[str, Any]) -> Table | None:
     return Table(columns, rows, "rlrrrrrl")
 
 
+def verified_lines(doc: dict[str, Any]) -> list[str]:
+    """What the verification says about the chosen plan, in words."""
+    verified = doc.get("verified")
+    if not verified:
+        return []
+    lines = [f"{verified['label'].capitalize()} with the {verified['runner']} runner: the layout "
+             f"of {verified['layout_of']} (`{verified['layout']['text']}`) at "
+             + ", ".join(str(p["gpus"]) for p in verified["points"]) + " GPUs (weak scaling: "
+             "each replica keeps its batch)."]
+    if verified.get("ratio_at_largest"):
+        lines.append(
+            f"At {verified['largest_gpus']} GPUs the {verified['label']} throughput is "
+            f"{verified['ratio_at_largest']:.2f}x the predicted; the chosen size's days scaled "
+            f"by it: {num(verified['corrected_days'], 1)} (a corrected prediction, not a "
+            "measurement of that size).")
+    return lines
+
+
 def _series(doc: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
     clusters = list(dict.fromkeys(p["cluster"] for p in doc["points"]))
     return [(c, [p for p in doc["points"] if p["cluster"] == c and p["status"] == "ok"])
@@ -199,6 +217,7 @@ def write_plan_report(doc: dict[str, Any], out_dir: str | Path) -> dict[str, Pat
         "chosen": next((p for p in doc["points"] if p["name"] == chosen), None),
         "thresholds": threshold_lines(doc),
         "verified": verified_table(doc),
+        "verified_lines": verified_lines(doc),
         "plots": {name: {"svg": Markup(svg), "file": f"plots/{name}.svg",
                          "caption": PLAN_PLOTS[name]} for name, svg in svgs.items()},
         "pct": pct,

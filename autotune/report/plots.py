@@ -487,7 +487,8 @@ def plan_efficiency(series: PlanSeries, chosen: dict[str, Any] | None = None,
                 color=PALETTE[i % 10], label=f"{name} (predicted)")
     if measured:
         ax.plot([p["gpus"] for p in measured], [p["efficiency"] for p in measured],
-                marker="D", linestyle="--", color="black", label="measured (verify sizes)")
+                marker="D", linestyle="--", color="black",
+                label="measured (--verify-sizes, against its smallest)")
     _mark_chosen(ax, chosen, "efficiency")
     values = [p["efficiency"] for _, points in series for p in points]
     values += [p["efficiency"] for p in measured]
