@@ -101,11 +101,13 @@ def write_run_json(
     runner_options: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
     command: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Path:
     """Write DIR/run.json: where the study lives and how it was run (call when tune starts).
 
     A SQLite or journal storage inside DIR is stored relative (`sqlite:///study.db`), so the
-    folder can move.
+    folder can move. `config` is the whole run (`RunConfig`): `autotune tune --config
+    DIR/run.json` runs it again.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,6 +119,7 @@ def write_run_json(
         "runner_options": runner_options or {},
         "options": options or {},
         "command": command,
+        "config": config,
     }
     path = out / RUN_JSON
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
