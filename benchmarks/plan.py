@@ -81,7 +81,8 @@ def accuracy(gpus_unknown: int) -> None:
             gbs = int(row["global_batch_tokens"]) // seq if row["global_batch_tokens"] else None
             config = PlanConfig(model=_model_ref(row, Path(folder)),
                                 clusters=(f"{CLUSTER_OF[row['gpu_type']]}:{gpus // 8}",),
-                                tokens=row["tokens"], seq_length=seq, global_batch_size=gbs)
+                                tokens=row["tokens"],
+                                train={"seq_length": seq, "global_batch_size": gbs})
             (p,) = make_plan(config).points
             _print_row(row, gpus, p)
     print("GPUs marked * are not published: the plan's assumption (--gpus-unknown).")

@@ -32,12 +32,13 @@ from autotune.exceptions import shorten
 from autotune.planning.choice import Choice
 from autotune.planning.choice import by_budget
 from autotune.planning.choice import by_deadline
+from autotune.planning.plan import CAUSE_LABELS
 from autotune.planning.plan import ClusterSizes
 from autotune.planning.plan import ConstantsFn
 from autotune.planning.plan import IntervalFn
 from autotune.planning.plan import PlanPoint
 from autotune.planning.plan import Threshold
-from autotune.planning.plan import no_interval
+from autotune.planning.plan import model_interval
 from autotune.planning.plan import plan_points
 from autotune.planning.plan import preset_constants
 from autotune.planning.plan import thresholds
@@ -46,18 +47,12 @@ from autotune.planning.quantities import parse_days
 from autotune.planning.quantities import parse_money
 from autotune.planning.quantities import parse_prices
 from autotune.planning.quantities import parse_tokens
-from autotune.report.data import PLAN_JSON
-from autotune.report.data import PLAN_SCHEMA
-from autotune.report.data import rounded
 from autotune.space.search_space import load_space
 from autotune.specs import AutotuneConfig
-from autotune.specs import BatchSize
-from autotune.specs import Framework
-from autotune.specs import Precision
-from autotune.specs import SeqLength
 from autotune.specs.inputs import cluster_presets
 from autotune.specs.inputs import existing_path
 from autotune.specs.inputs import load_config
+from autotune.specs.train import TrainOverrides
 
 PLAN_CSV = "plan.csv"
 CSV_COLUMNS = (
@@ -93,18 +88,12 @@ class PlanConfig(BaseModel):
     (optionally `FILE:NODES,...`)."""
     tokens: Tokens
     """Tokens to train on (15T, 300B, 1.5e12)."""
-    framework: Framework = "megatron"
-    """megatron or deepspeed."""
-    seq_length: SeqLength | None = None
-    """Tokens per sequence; None: the model preset's."""
-    global_batch_size: BatchSize | None = None
-    """Sequences per step at the smallest size; None: the preset's. Held in tokens across
-    sizes."""
+    train: TrainOverrides = TrainOverrides()
+    """Training settings that differ from the model preset's (any `TrainSpec` field); the
+    global batch is the smallest size's, held in tokens across sizes."""
     max_gbs_tokens: GbsTokens | None = None
     """Let the global batch grow with the GPUs from each type's smallest size, up to this many
     tokens per step; None: held at the smallest size's."""
-    precision: Precision | None = None
-    """Matmul precision; None: the preset's."""
     space: str | None = None
     """A search space YAML file or bundled name; None: the framework's."""
     price: str | None = None
@@ -115,6 +104,11 @@ class PlanConfig(BaseModel):
     """Spend at most this (2.5M): pick the fastest cluster that does."""
     calibration: Path | None = None
     """A `tune` output folder (its measured trials are refitted) or a calibration file."""
+
+    @property
+    def framework(self) -> str:
+        """The framework: as set in `train`, else megatron."""
+        return str(self.train.model_dump().get("framework") or "megatron")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +121,8 @@ class Plan:
     choices: list[Choice]
     constants: str
     """Which constants the figures use (presets, a refit study, a calibration file)."""
+    setup: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The training setup at the smallest size (framework, sequence, batch, precision)."""
     verified: dict[str, Any] | None = None
     """The measured curve of `--verify-sizes` (scaling.json of the chosen layout)."""
 
@@ -144,14 +140,18 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (plan.json)."""
+        from autotune.report.data import PLAN_SCHEMA  # the report package loads matplotlib
+
         chosen = self.chosen
         return {
             "schema": PLAN_SCHEMA,
             "inputs": self.config.model_dump(mode="json"),
             "tokens": self.config.tokens,
             "constants": self.constants,
+            "setup": self.setup,
             "figures": "predicted",
             "calibrated": self.calibrated,
+            "cause_labels": CAUSE_LABELS,
             "points": [p.to_dict() for p in self.points],
             "thresholds": [dataclasses.asdict(t) for t in self.thresholds],
             "choices": [c.to_dict() for c in self.choices],
@@ -168,6 +168,9 @@ class Plan:
 
     def save(self, out_dir: str | Path) -> dict[str, Path]:
         """Write plan.json and plan.csv into out_dir."""
+        from autotune.report.data import PLAN_JSON
+        from autotune.report.data import rounded
+
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {PLAN_JSON: out / PLAN_JSON, PLAN_CSV: out / PLAN_CSV}
@@ -214,9 +217,9 @@ def cluster_sizes(config: PlanConfig) -> list[ClusterSizes]:
                                 f"-c, e.g. {name}:8,16,32")
         nodes = expand_sizes(sizes_text, f"--cluster {shorten(ref, 40)}") if sizes_text else None
         first = file if file is not None else f"{name}:{nodes[0] if nodes else 1}"
-        cfg = load_config(config.model, first, seq_length=config.seq_length,
-                          global_batch_size=config.global_batch_size,
-                          precision=config.precision, framework=config.framework)
+        overrides = {"framework": config.framework,
+                     **config.train.model_dump(exclude_none=True)}
+        cfg = load_config(config.model, first, **overrides)
         listed = tuple(nodes) if nodes else (cfg.cluster.nodes,)
         price = named.get(name, cfg.cluster.price_per_gpu_hour or every)
         out.append(ClusterSizes(name, cfg, listed, price))
@@ -291,13 +294,14 @@ def choose_constants(config: PlanConfig) -> tuple[ConstantsFn, str]:
 # --- the plan ---------------------------------------------------------------------------------
 
 
-def make_plan(config: PlanConfig, *, interval: IntervalFn = no_interval,
+def make_plan(config: PlanConfig, *, interval: IntervalFn = model_interval,
               constants: ConstantsFn | None = None) -> Plan:
     """Plan every size of every cluster of `config` and answer its deadline and budget.
 
     Args:
         config: The plan's inputs.
-        interval: Gives each prediction its interval (default: none, figures uncalibrated).
+        interval: Gives each prediction its interval (default: the cost model's, where it has
+            one for the GPU and stack; else the figures are uncalibrated).
         constants: Overrides `config.calibration` (default: as `choose_constants` says).
 
     Raises:
@@ -320,5 +324,8 @@ def make_plan(config: PlanConfig, *, interval: IntervalFn = no_interval,
         choices.append(by_deadline(points, config.deadline))
     if config.budget is not None:
         choices.append(by_budget(points, config.budget))
-    return Plan(config, points, thresholds(points), choices, source)
+    train = clusters[0].config.train
+    setup = {"framework": train.framework, "seq_length": train.seq_length,
+             "global_batch_size": train.global_batch_size, "precision": train.precision}
+    return Plan(config, points, thresholds(points), choices, source, setup)
 

@@ -21,6 +21,7 @@ without one the plan marks its figures "uncalibrated" and never prints a bare nu
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -53,6 +54,11 @@ CAUSES: dict[str, tuple[str, ...]] = {
 }
 """What can cost efficiency, as groups of `autotune.costmodel.step_time.TIME_PARTS`
 (recompute: the compute the chosen recompute adds; compute: the rest, e.g. smaller GEMMs)."""
+CAUSE_LABELS = {"communication": "communication", "pipeline bubble": "pipeline bubble",
+                "recompute": "recompute (memory)", "offload": "offload (memory)",
+                "compute": "smaller kernels", "optimizer": "optimizer step"}
+"""How the causes read in tables and reports (recompute and offload are what memory forces;
+compute grows when smaller per-GPU GEMMs run less efficiently)."""
 BELOW_FINE = f"< {FINE_AT:g}"
 BELOW_BOUND = f"< {BOUND_BELOW:g}"
 
@@ -75,6 +81,26 @@ ConstantsFn = Callable[[AutotuneConfig], Constants]
 def no_interval(cfg: AutotuneConfig, prediction: Estimate) -> Interval | None:
     """No calibrated interval: every figure is marked uncalibrated."""
     return None
+
+
+UNCERTAINTY_MODULE = "autotune.costmodel.uncertainty"
+"""Where the cost model's prediction intervals live (cross-validated residuals per GPU, stack
+and regime), in builds that have it."""
+
+
+def model_interval(cfg: AutotuneConfig, prediction: Estimate) -> Interval | None:
+    """The cost model's own interval for this setup (`prediction_interval(cfg)` of
+    `UNCERTAINTY_MODULE`, turned into a tokens/s range), or None: uncalibrated, also in a
+    build without that module."""
+    try:
+        module = importlib.import_module(UNCERTAINTY_MODULE)
+    except ModuleNotFoundError:
+        return None
+    found = module.prediction_interval(cfg)
+    if found is None:
+        return None
+    low, high = found.throughput(prediction.tokens_per_s)
+    return Interval(float(low), float(high), str(found.text()))
 
 
 def preset_constants(cfg: AutotuneConfig) -> Constants:

@@ -32,7 +32,7 @@ from autotune.planning.build import cluster_sizes
 from autotune.planning.build import make_plan
 from autotune.planning.plan import IntervalFn
 from autotune.planning.plan import PlanPoint
-from autotune.planning.plan import no_interval
+from autotune.planning.plan import model_interval
 from autotune.planning.quantities import expand_sizes
 from autotune.runners.base import Runner
 from autotune.runners.factory import RunnerSettings
@@ -119,7 +119,7 @@ class PlanOutcome:
         return any(p.ok for p in self.plan.points)
 
 
-def run_plan(run: PlanRun, *, interval: IntervalFn = no_interval) -> PlanOutcome:
+def run_plan(run: PlanRun, *, interval: IntervalFn = model_interval) -> PlanOutcome:
     """Plan, verify when asked, write every file.
 
     Raises:

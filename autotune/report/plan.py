@@ -31,10 +31,6 @@ PLAN_PLOTS = {
                        "come from --verify-sizes.",
 }
 """The plan's figures (plots/NAME.svg) with their captions."""
-CAUSE_LABELS = {"communication": "communication", "pipeline bubble": "pipeline bubble",
-                "recompute": "recompute (memory)", "offload": "offload (memory)",
-                "compute": "smaller kernels", "optimizer": "optimizer step"}
-"""How the plan's causes read in reports."""
 
 
 def compact(value: float) -> str:
@@ -57,11 +53,12 @@ def with_interval(value: float | None, low: float | None, high: float | None,
     return f"{shown(value)} ({shown(low)}–{shown(high)})"
 
 
-def cause_text(point: dict[str, Any]) -> str:
-    """'pipeline bubble (−12.0%)', or '' at the base and where nothing grew."""
+def cause_text(point: dict[str, Any], labels: dict[str, str]) -> str:
+    """'pipeline bubble (−12.0%)', or '' at the base and where nothing grew (`labels`: how
+    the plan names its causes, plan.json's cause_labels)."""
     if not point.get("cause") or point.get("cause_loss") is None:
         return ""
-    label = CAUSE_LABELS.get(point["cause"], PART_LABELS.get(point["cause"], point["cause"]))
+    label = labels.get(point["cause"], PART_LABELS.get(point["cause"], point["cause"]))
     return f"{label} (−{point['cause_loss']:.1%})"
 
 
@@ -91,7 +88,7 @@ def plan_table(doc: dict[str, Any]) -> Table:
             with_interval(p["gpu_hours"], p["gpu_hours_low"], p["gpu_hours_high"], short=True),
             with_interval(p["cost"], p["cost_low"], p["cost_high"], short=True),
             f"{eff:.2f} {p.get('mark') or ''}".strip() if eff is not None else "–",
-            cause_text(p),
+            cause_text(p, doc.get("cause_labels") or {}),
         ])
     align = "nr" + ("r" if batches else "") + "n" + ("" if shared else "l") + "rrrrrn"
     return Table(columns, rows, align)
@@ -103,7 +100,8 @@ def threshold_lines(doc: dict[str, Any]) -> list[str]:
     for t in doc["thresholds"]:
         line = f"{t['line']:g}"
         if t["name"]:
-            cause = cause_text({"cause": t["cause"], "cause_loss": t["cause_loss"]})
+            cause = cause_text({"cause": t["cause"], "cause_loss": t["cause_loss"]},
+                               doc.get("cause_labels") or {})
             lines.append(f"{t['cluster']}: efficiency falls below {line} at {t['name']} "
                          f"({t['gpus']:,} GPUs, {t['efficiency']:.2f}"
                          + (f"; costs most: {cause}" if cause else "") + ")"
@@ -118,7 +116,7 @@ def threshold_lines(doc: dict[str, Any]) -> list[str]:
 
 def inputs_table(doc: dict[str, Any]) -> Table:
     """The plan's inputs and what its figures rest on."""
-    i = doc["inputs"]
+    i, setup = doc["inputs"], doc.get("setup") or {}
     batch = ("held at the smallest size's" if i.get("max_gbs_tokens") is None
              else f"grown with the GPUs up to {num(i['max_gbs_tokens'])} tokens")
     batches = sorted({p["global_batch_tokens"] for p in doc["points"]})
@@ -126,8 +124,9 @@ def inputs_table(doc: dict[str, Any]) -> Table:
         batch += f": {num(batches[0])} tokens at every size"
     rows = [
         ["model", i["model"]], ["tokens to train", num(doc["tokens"])],
-        ["framework", i["framework"]],
-        ["sequence length", str(i.get("seq_length") or "the preset's")],
+        ["framework", setup.get("framework", "–")],
+        ["sequence length", num(setup.get("seq_length"))],
+        ["precision", setup.get("precision", "–")],
         ["global batch", batch], ["prices per GPU-hour", i.get("price") or "–"],
         ["constants", doc["constants"]],
         ["intervals", "calibrated" if doc["calibrated"] else "uncalibrated (no interval for "

@@ -86,7 +86,7 @@ def test_recompute_is_charged_as_its_own_cause() -> None:
     cause is the compute the layout spends over the same layout without recompute (two
     independent `estimate` calls)."""
     plan = make_plan(PlanConfig(model="llama3-8b", clusters=("dgx-h100:1",), tokens="1T",
-                                seq_length=32768, global_batch_size=64,
+                                train={"seq_length": 32768, "global_batch_size": 64},
                                 space=str(_space("tp: [1, 2]\npp: [1]\nzero: [1]\n"
                                                  "mbs: [1]\nsp: [true]\n"))))
     (point,) = plan.points
@@ -179,3 +179,27 @@ def test_a_deadline_without_prices_is_refused_before_planning() -> None:
     with pytest.raises(AutotuneError, match="--deadline: needs a price per GPU-hour for "
                                             "dgx-h100"):
         make_plan(config)
+
+
+def test_the_default_interval_is_the_cost_models_own_or_uncalibrated() -> None:
+    """Oracle: the uncertainty module's own `prediction_interval` where this build has it;
+    without the module every figure is uncalibrated."""
+    import importlib
+
+    from autotune.planning.plan import UNCERTAINTY_MODULE
+    from autotune.planning.plan import model_interval
+
+    cfg = load_config("llama3-8b", "dgx-h100:1")
+    prediction = estimate(cfg, Layout(tp=1, dp=8, zero=1, mbs=1, gas=64))
+    try:
+        module = importlib.import_module(UNCERTAINTY_MODULE)
+    except ModuleNotFoundError:
+        assert model_interval(cfg, prediction) is None
+        return
+    found = module.prediction_interval(cfg)
+    band = model_interval(cfg, prediction)
+    if found is None:
+        assert band is None
+    else:
+        assert band is not None
+        assert (band.low, band.high) == pytest.approx(found.throughput(prediction.tokens_per_s))

@@ -58,7 +58,8 @@ def test_local_cpu_verification_measures_real_training(tmp_path: Path) -> None:
     space = tmp_path / "tiny.yaml"
     space.write_text(_TINY)
     run = PlanRun(plan=PlanConfig(model="tiny-gpt", clusters=("local",), tokens="100M",
-                                  framework="deepspeed", space=str(space), global_batch_size=4),
+                                  space=str(space),
+                                  train={"framework": "deepspeed", "global_batch_size": 4}),
                   out=tmp_path / "plan", verify_sizes="1,2",
                   runner={"name": "local", "steps": 3})
     verified = run_plan(run).plan.verified
