@@ -47,7 +47,6 @@ from autotune.cli.options import with_options
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.estimate import estimate as estimate_layout
 from autotune.costmodel.estimate import row_estimate
-from autotune.costmodel.memory import GIB
 from autotune.exceptions import AutotuneError
 from autotune.run import Problem
 from autotune.run import RunConfig
@@ -61,6 +60,7 @@ from autotune.space.search_space import no_feasible_message
 from autotune.specs import AutotuneConfig
 from autotune.specs.inputs import validation_message
 from autotune.specs.inputs import validation_problems
+from autotune.units import GIB
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 """The exit codes (see the module docstring)."""

@@ -24,7 +24,6 @@ from pydantic import TypeAdapter
 from pydantic import ValidationError
 from pydantic import model_validator
 
-from autotune.costmodel.memory import GIB
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.runners.factory import figure_label
@@ -32,6 +31,7 @@ from autotune.scaling import SCALING_JSON
 from autotune.scaling import ScalingPoint
 from autotune.specs import AutotuneConfig
 from autotune.specs.inputs import validation_message
+from autotune.units import GIB
 
 RUN_JSON = "run.json"
 PLAN_JSON = "plan.json"

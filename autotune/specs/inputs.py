@@ -24,6 +24,7 @@ from autotune.specs.config import AutotuneConfig
 from autotune.specs.hf import hf_to_megatron
 from autotune.specs.model import ModelSpec
 from autotune.specs.train import TrainSpec
+from autotune.units import GIB
 
 
 @cache
@@ -330,7 +331,7 @@ def local_cluster(processes: int | None = None) -> ClusterSpec:
     per_process_tflops = cpu_matmul_tflops() * max(1, cores // count)
     gpu = GPUSpec(
         name="cpu",
-        memory_gb=host_gb * 1e9 / 2**30 / count,
+        memory_gb=host_gb * 1e9 / GIB / count,
         peak_tflops={"fp32": per_process_tflops, "bf16": per_process_tflops / 6},
         hbm_tb_s=0.01,
     )
@@ -355,7 +356,7 @@ def _local_gpu_cluster(
             f"--processes: {processes} exceeds the {gpus} GPUs of this machine; use at most {gpus}"
         )
     count = processes or gpus
-    preset = gpu_preset_for(props.name, props.total_memory / 2**30)
+    preset = gpu_preset_for(props.name, props.total_memory / GIB)
     node = next(c for c in _presets("clusters").values() if c["gpu"] == preset)
     intra = float(node["intra_node_gb_s"])
     topology = _nvidia_smi_topology() if count > 1 else None
@@ -363,7 +364,7 @@ def _local_gpu_cluster(
     if links is not None:
         intra = links * NVLINK_GB_S if links else float(node["pcie_gb_s"])
     gpu = load_gpu(preset, "--cluster local").model_copy(
-        update={"memory_gb": props.total_memory / 2**30}  # what this device has, in GiB
+        update={"memory_gb": props.total_memory / GIB}  # what this device has, in GiB
     )
     return ClusterSpec(
         name="local",
