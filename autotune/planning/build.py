@@ -53,6 +53,7 @@ from autotune.specs.inputs import cluster_presets
 from autotune.specs.inputs import existing_path
 from autotune.specs.inputs import load_config
 from autotune.specs.train import TrainOverrides
+from autotune.units import GIB
 
 PLAN_CSV = "plan.csv"
 CSV_COLUMNS = (
@@ -161,7 +162,7 @@ class Plan:
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat dict per point with the CSV columns (peak memory in GiB)."""
-        gib = {"peak_memory_gib": lambda d: d["peak_memory_bytes"] / 2**30
+        gib = {"peak_memory_gib": lambda d: d["peak_memory_bytes"] / GIB
                if d["peak_memory_bytes"] else None}
         return [{key: gib[key](d) if key in gib else d.get(key) for key in CSV_COLUMNS}
                 for d in (p.to_dict() for p in self.points)]

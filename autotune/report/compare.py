@@ -59,7 +59,7 @@ def _plan_row(name: str, directory: Path, doc: dict[str, Any]) -> dict[str, Any]
                 "gpus": point["gpus"], "tokens_per_s": point["tokens_per_s"],
                 "tokens_per_s_per_gpu": point["tokens_per_s"] / point["gpus"],
                 "tflops_per_gpu": None, "mfu": point.get("mfu"),
-                "peak_memory_gib": peak / 2**30 if peak else None,
+                "peak_memory_gib": peak / GIB if peak else None,
                 "days": point["days"], "cost": point.get("cost")}
     largest = curve[-1] if curve else None
     return {
