@@ -203,3 +203,14 @@ def test_the_default_interval_is_the_cost_models_own_or_uncalibrated() -> None:
     else:
         assert band is not None
         assert (band.low, band.high) == pytest.approx(found.throughput(prediction.tokens_per_s))
+
+
+@pytest.mark.parametrize("price", ["-1", "0", ".inf", "true"])
+def test_a_cluster_file_price_must_be_positive_and_finite(tmp_path: Path, price: str) -> None:
+    cluster = tmp_path / "mine.yaml"
+    cluster.write_text("nodes: 1\ngpus_per_node: 8\ngpu: h100-sxm-80gb\nintra_node_gb_s: 450\n"
+                       "inter_node_gb_s: 50\nhost_memory_gb: 2048\npcie_gb_s: 64\n"
+                       f"price_per_gpu_hour: {price}\n")
+    config = PlanConfig(model="llama3-8b", clusters=(str(cluster),), tokens="1T")
+    with pytest.raises(AutotuneError, match="price_per_gpu_hour"):
+        cluster_sizes(config)
