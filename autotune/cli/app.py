@@ -536,9 +536,12 @@ def _run(entry: Callable[..., Any], args: list[str] | None = None) -> int:
 
 
 def _on_interrupt(number: int, frame: Any) -> None:
-    """Ctrl-C: remember it, then interrupt as Python does. The KeyboardInterrupt is lost when it
-    lands in a weakref or GC callback; the study's next callback raises it again then."""
+    """Ctrl-C: remember it, then interrupt as Python does, except inside a weakref callback,
+    where CPython would print and drop the KeyboardInterrupt: the study's next callback raises
+    it then."""
     _state["interrupted"] = True
+    if frame is not None and frame.f_code.co_filename.endswith("weakref.py"):
+        return
     signal.default_int_handler(number, frame)
 
 
