@@ -397,14 +397,24 @@ def scale(
 
 @app.command()
 def report(
-    directory: Annotated[Path, typer.Argument(help="A tune or scale output folder.")],
+    directory: Annotated[Path, typer.Argument(help="A tune, scale or plan output folder.")],
     out: Annotated[Path | None, typer.Option(help="Write here instead of DIRECTORY.")] = None,
 ) -> None:
-    """Regenerate report.md, report.html, summary.json and trials.csv of a folder."""
+    """Regenerate report.md, report.html, summary.json and trials.csv of a folder (plan.md
+    and plan.html of a plan folder)."""
     from autotune.report import write_report
+    from autotune.report.data import read_plan
 
     if not directory.is_dir():
         raise AutotuneError(f"report: {directory} is not a folder; give a tune or scale --out")
+    doc = read_plan(directory)
+    if doc is not None:
+        from autotune.report.plan import write_plan_report
+
+        pages = write_plan_report(doc, prepare_out(out) if out is not None else directory)
+        for name in ("plan.html", "plan.md"):
+            console.print(f"{name}: {pages[name]}")
+        return
     written = write_report(directory, prepare_out(out) if out is not None else None)
     for name in ("report.html", "report.md", "summary.json"):
         console.print(f"{name}: {written[name]}")
@@ -412,7 +422,7 @@ def report(
 
 @app.command("compare")
 def compare_command(
-    dirs: Annotated[list[Path], typer.Argument(help="tune/scale output folders.")],
+    dirs: Annotated[list[Path], typer.Argument(help="tune/scale/plan output folders.")],
     out: Annotated[Path, typer.Option(help="Folder for compare.md/html/json.")] = Path(
         "autotune-compare"
     ),

@@ -51,6 +51,8 @@ class Section:
     """Flag prefix, e.g. "scale-" for the sweep options of tune."""
     defaults_from: type[BaseModel] | None = None
     """Where the shown defaults live when `model` has none (TrainOverrides: TrainSpec)."""
+    text: tuple[str, ...] = ()
+    """Fields whose flag passes the text as typed (their validator reads it, e.g. 15T)."""
 
     def options(self) -> list[tuple[str, tuple[str, ...]]]:
         """(field, flag declarations) of every option of the section."""
@@ -128,6 +130,8 @@ def _collect(sections: tuple[Section, ...]) -> list[_Option]:
                 by_flag[decls[0]] = dataclasses.replace(known, targets=(*known.targets, target))
                 continue
             kind, yes_no = _cli_type(section.model.model_fields[name].annotation)
+            if name in section.text:
+                kind, yes_no = str, False
             spelled = decls
             if yes_no:
                 spelled = (f"{decls[0]}/--no-{decls[0].removeprefix('--')}", *decls[1:])

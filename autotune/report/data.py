@@ -34,6 +34,9 @@ from autotune.specs.inputs import validation_message
 from autotune.units import GIB
 
 RUN_JSON = "run.json"
+PLAN_JSON = "plan.json"
+"""What `autotune plan --out` writes (`autotune.planning.build.Plan.to_dict`)."""
+PLAN_SCHEMA = "autotune.plan/1"
 SUMMARY_SCHEMA = "autotune.report/1"
 FAILED = ("oom", "nccl_timeout", "hang", "timeout", "nan", "rejected", "crash", "pruned")
 """Statuses of trials that ran but did not measure a throughput."""
@@ -231,6 +234,25 @@ def _read_json(path: Path, schema: type[BaseModel]) -> dict[str, Any]:
     except ValidationError as error:
         raise AutotuneError(f"{validation_message(error, f'report: {path}')}; {fix}") from None
     return value
+
+
+def read_plan(directory: str | Path) -> dict[str, Any] | None:
+    """plan.json of a folder as a dict, or None when the folder has none.
+
+    Raises:
+        AutotuneError: when plan.json is not a plan autotune wrote.
+    """
+    path = Path(directory) / PLAN_JSON
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise AutotuneError(f"{path}: cannot read it ({error}); rerun `autotune plan`") from None
+    if not isinstance(doc, dict) or doc.get("schema") != PLAN_SCHEMA:
+        raise AutotuneError(f"{path}: not an autotune plan (schema {PLAN_SCHEMA}); rerun "
+                            "`autotune plan --out DIR`")
+    return doc
 
 
 def load_run(directory: str | Path, records: list[dict[str, Any]] | None = None,

@@ -8,6 +8,7 @@ from pydantic import StrictBool
 
 from autotune.specs.types import FROZEN
 from autotune.specs.types import DevicesPerNode
+from autotune.specs.types import GpuHourPrice
 from autotune.specs.types import GpuMemoryGiB
 from autotune.specs.types import HostMemoryGB
 from autotune.specs.types import LinkGBs
@@ -62,6 +63,9 @@ class ClusterSpec(BaseModel):
     """Per-GPU host link bandwidth per direction, GB/s."""
     cpu_processes: StrictBool = False
     """True when the 'GPUs' are CPU processes on gloo (the `local` cluster without CUDA)."""
+    price_per_gpu_hour: GpuHourPrice | None = None
+    """What one GPU-hour of this cluster costs, in the currency of the plan (`autotune plan`
+    multiplies GPU-hours by it); None: not known (give `--price`)."""
 
     @property
     def world_size(self) -> int:

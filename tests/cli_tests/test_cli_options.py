@@ -31,6 +31,9 @@ PINNED = {
     "scale": sorted([*PROBLEM, *RUNNER, "--gpus", "--json", "--layout", "--mode", "--out", "-l"]),
     "report": ["--out"],
     "compare": ["--out"],
+    "plan": sorted([*(o for o in PROBLEM if o != "--processes"), *RUNNER, "--budget",
+                    "--calibration", "--deadline", "--json", "--max-gbs-tokens", "--out",
+                    "--price", "--tokens", "--verify-sizes"]),
 }
 ARGUMENTS = {"report": ["directory"], "compare": ["dirs"]}
 

@@ -171,6 +171,7 @@ MIRROR: dict[str, tuple[str, ...]] = {
     "frameworks_tests": ("frameworks",),
     "inputs_tests": ("specs.inputs", "resources"),
     "layout_tests": ("layout",),
+    "plan_tests": ("planning",),
     "render_tests": ("render", "templating", "frameworks.megatron.args"),
     "repo_tests": (),
     "report_tests": ("report",),
