@@ -40,6 +40,7 @@ from autotune.frameworks import framework_of
 from autotune.frameworks import get_framework
 from autotune.layout import Layout
 from autotune.runners.factory import RunnerSettings
+from autotune.search.record import layout_of
 from autotune.search.settings import TuneSettings
 from autotune.space.rules import MEMORY_RULE_NAMES
 from autotune.space.rules import violations
@@ -51,8 +52,8 @@ from autotune.specs.inputs import load_config
 from autotune.specs.train import TrainOverrides
 
 if TYPE_CHECKING:  # heavy modules (Optuna, matplotlib) load when a run starts
-    from autotune.calibration.refit import RefitReport
     from autotune.scaling import ScalingResult
+    from autotune.search.refit import RefitReport
     from autotune.search.study import TuneResult
 
 
@@ -273,10 +274,10 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
     Raises:
         AutotuneError: on bad input, before any trial runs.
     """
-    from autotune.calibration.refit import refit_study
     from autotune.report import write_report
     from autotune.report import write_run_json
     from autotune.scaling import sweep
+    from autotune.search.refit import refit_study
     from autotune.search.storage import default_storage_url
     from autotune.search.study import default_study_name
     from autotune.search.study import tune as run_study
@@ -302,7 +303,7 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
     result = run_study(cfg, space, runner, settings, out, on_trial=on_trial)
     scaled = None
     if config.scale is not None and result.ranked:
-        best = Layout(**result.ranked[0]["layout_fields"])
+        best = layout_of(result.ranked[0])
         gpus = default_gpus(cfg, best, config.scale.gpus)
         scaled = sweep(cfg, best, gpus, config.scale.mode, runner, out)
     reports = write_report(out, records=result.records, config=cfg.model_dump(mode="json"))

@@ -54,6 +54,7 @@ from autotune.run import check_layout
 from autotune.run import prepare_out
 from autotune.run import resume_command
 from autotune.runners.factory import figure_label
+from autotune.search.record import measured_figure
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.space.search_space import no_feasible_message
@@ -158,10 +159,10 @@ def _records_table(title: str, records: list[dict[str, Any]], label: str) -> Tab
         )
     for rank, r in enumerate(records, 1):
         predicted = r.get("predicted", {})
-        measured = r.get("measured_tokens_per_s") or 0.0
+        measured = measured_figure(r, "tokens_per_s") or 0.0
         guess = predicted.get("tokens_per_s") or 0.0
         error = f"{guess / measured - 1:+.1%}" if measured and guess else "-"
-        mfu = r.get("measured_mfu")
+        mfu = measured_figure(r, "mfu")
         table.add_row(
             str(rank), str(r["number"]), r["layout_id"], f"{measured:,.0f}", f"{guess:,.0f}",
             error, f"{mfu:.1%}" if mfu else "-",

@@ -7,7 +7,7 @@ continues the progression) or as a cluster file, optionally with node counts
 file's `price_per_gpu_hour`, `--price PRICE`.
 
 Constants: the GPU presets', or with `calibration` a `tune` output folder whose measured
-trials are refitted (`autotune.calibration.refit.refit_study`) for clusters of that GPU (the
+trials are refitted (`autotune.search.refit.refit_study`) for clusters of that GPU (the
 plan then says which constants it used), or a calibration file of `autotune calibrate`
 (`calibration_file_constants`).
 """
@@ -255,8 +255,8 @@ def study_constants(folder: Path) -> tuple[ConstantsFn, str]:
     Raises:
         AutotuneError: a folder without a study, a simulated study, or too few measured trials.
     """
-    from autotune.calibration.refit import refit_study
     from autotune.report.data import load_run
+    from autotune.search.refit import refit_study
 
     run = load_run(folder)
     if not run.records or run.runner in (None, "simulate"):

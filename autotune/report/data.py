@@ -29,6 +29,8 @@ from autotune.layout import Layout
 from autotune.runners.factory import figure_label
 from autotune.scaling import SCALING_JSON
 from autotune.scaling import ScalingPoint
+from autotune.search.record import measured_figure
+from autotune.search.record import predicted_figure
 from autotune.specs import AutotuneConfig
 from autotune.specs.inputs import validation_message
 from autotune.units import GIB
@@ -311,8 +313,8 @@ def _gib(value: Any) -> float | None:
 
 def error_pct(record: dict[str, Any]) -> float | None:
     """(predicted − measured) / measured tokens/s, in percent."""
-    measured = record.get("measured_tokens_per_s")
-    predicted = (record.get("predicted") or {}).get("tokens_per_s")
+    measured = measured_figure(record, "tokens_per_s")
+    predicted = predicted_figure(record, "tokens_per_s")
     if not measured or predicted is None:
         return None
     error: float = (predicted - measured) / measured * 100
@@ -329,7 +331,7 @@ def trial_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row.update({key: fields.get(key, r.get("params", {}).get(key))
                     for key in ("tp", "pp", "dp", "cp", "vpp", "zero", "offload", "mbs", "gas",
                                 "recompute", "sp")})
-        row["measured_peak_memory_gib"] = _gib(r.get("measured_peak_memory_bytes"))
+        row["measured_peak_memory_gib"] = _gib(measured_figure(r, "peak_memory_bytes"))
         for key in ("tokens_per_s", "step_time_s", "tflops_per_gpu", "mfu"):
             row[f"predicted_{key}"] = predicted.get(key)
         row["predicted_peak_memory_gib"] = _gib(predicted.get("peak_memory_bytes"))
@@ -350,12 +352,12 @@ def _headline(record: dict[str, Any], directory: Path, rank: int) -> dict[str, A
         "layout": record.get("layout"),
         "layout_id": record.get("layout_id"),
         "layout_fields": fields,
-        "tokens_per_s": record.get("measured_tokens_per_s"),
+        "tokens_per_s": measured_figure(record, "tokens_per_s"),
         "tokens_per_s_per_gpu": record["measured_tokens_per_s"] / gpus,
-        "step_time_s": record.get("measured_step_time_s"),
-        "tflops_per_gpu": record.get("measured_tflops_per_gpu"),
-        "mfu": record.get("measured_mfu"),
-        "peak_memory_gib": _gib(record.get("measured_peak_memory_bytes")),
+        "step_time_s": measured_figure(record, "step_time_s"),
+        "tflops_per_gpu": measured_figure(record, "tflops_per_gpu"),
+        "mfu": measured_figure(record, "mfu"),
+        "peak_memory_gib": _gib(measured_figure(record, "peak_memory_bytes")),
         "predicted": {
             "tokens_per_s": predicted.get("tokens_per_s"),
             "step_time_s": predicted.get("step_time_s"),

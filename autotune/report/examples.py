@@ -18,12 +18,12 @@ import sys
 import warnings
 from pathlib import Path
 
-from autotune.layout import Layout
 from autotune.report.compare import compare
 from autotune.report.data import write_run_json
 from autotune.report.render import write_report
 from autotune.runners.base import Runner
 from autotune.scaling import sweep
+from autotune.search.record import layout_of
 from autotune.search.settings import TuneSettings
 from autotune.search.study import default_study_name
 from autotune.search.study import tune
@@ -113,7 +113,7 @@ def generate(example: Example, out: Path) -> Path:
     options = TuneSettings(trials=example.trials, seed=example.seed, storage=storage)
     result = tune(cfg, space, runner, options, folder)
     if result.ranked:
-        best = Layout(**result.ranked[0]["layout_fields"])
+        best = layout_of(result.ranked[0])
         gpus = [n * cfg.cluster.gpus_per_node for n in example.nodes]
         sweep(cfg, best, gpus, example.mode, runner, folder)  # type: ignore[arg-type]
     write_report(folder)
@@ -151,7 +151,7 @@ def generate_local(out: Path, processes: int = 4, trials: int = 6) -> Path:
     options = TuneSettings(trials=trials, seed=0, storage=storage, top_k=3, pruner_tolerance=1.0)
     result = tune(cfg, LOCAL_SPACE, runner, options, folder)
     if result.ranked:
-        best = Layout(**result.ranked[0]["layout_fields"])
+        best = layout_of(result.ranked[0])
         sizes = [n for n in (1, 2, 4) if n <= processes]
         sweep(cfg, best, sizes, "weak", runner, folder)
     write_report(folder)

@@ -4,6 +4,8 @@
 - `sampler`, `proposal`: which layout to try next (the cost model refitted to the trials);
 - `memory_learning`: what the trials taught about memory (out-of-memory edges);
 - `surrogate`: a Gaussian process over layouts for the exploration steps;
+- `record`: the trial record (`TrialRecord`) and its accessors;
+- `refit`: what a study's trials say about the constants and the memory model (the report);
 - `storage`: Optuna storages (SQLite, PostgreSQL, in memory), shared studies.
 """
 

@@ -32,6 +32,8 @@ from autotune.measurement import Measurement
 from autotune.measurement import Status
 from autotune.runners.base import Runner
 from autotune.search.proposal import Proposer
+from autotune.search.record import layout_of
+from autotune.search.record import measured_figure
 from autotune.search.sampler import FINISHED
 from autotune.search.sampler import ModelGuidedSampler
 from autotune.search.sampler import NoiseAwarePruner
@@ -63,7 +65,7 @@ def rank_trials(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     and `runs` their count (`--repeat` averages noise out this way)."""
     runs: dict[str, list[dict[str, Any]]] = {}
     for r in sorted(records, key=lambda r: r["number"]):
-        if r.get("status") == "ok" and r.get("measured_tokens_per_s"):
+        if r.get("status") == "ok" and measured_figure(r, "tokens_per_s"):
             runs.setdefault(str(r.get("layout_id") or f"trial {r['number']}"), []).append(r)
     ranked = [{**same[0], "runs": len(same),
                "measured_tokens_per_s": sum(r["measured_tokens_per_s"] for r in same) / len(same)}
@@ -450,7 +452,7 @@ def render_winners(cfg: AutotuneConfig, result: TuneResult, top_k: int) -> dict[
     ranked = result.ranked
     written: dict[str, Path] = {}
     for rank, record in enumerate(ranked[: top_k + 1]):
-        layout = Layout(**record["layout_fields"])
+        layout = layout_of(record)
         measured = {
             k.removeprefix("measured_"): v for k, v in record.items() if k.startswith("measured_")
         }

@@ -176,7 +176,7 @@ MIRROR: dict[str, tuple[str, ...]] = {
     "repo_tests": (),
     "report_tests": ("report",),
     "runners_tests": ("runners", "measurement", "workloads.records", "trial",
-                      "calibration.refit", "testing"),
+                      "testing"),
     "scaling_tests": ("scaling",),
     "search_tests": ("search",),
     "space_tests": ("space",),

@@ -10,9 +10,9 @@ from helpers_runners import SPACE
 from helpers_runners import leftovers
 from helpers_runners import pin_trials
 
-from autotune.calibration.refit import refit_study
 from autotune.layout import Layout
 from autotune.runners.local import LocalRunner
+from autotune.search.refit import refit_study
 from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.specs import AutotuneConfig

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.calibration.refit import refit_study
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.layout import Layout
 from autotune.runners.simulate import SimulateRunner
+from autotune.search.refit import refit_study
 from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.space.search_space import load_space

@@ -7,7 +7,7 @@ the feasible layouts not tried yet under the fitted model, and flags trials whos
 contradicts the model (predicted to fit but out of memory, or predicted not to fit but ran).
 
 Example:
-    >>> from autotune.calibration.refit import refit_study
+    >>> from autotune.search.refit import refit_study
     >>> # report = refit_study(cfg, result.records, space=space); print(report.table())
 """
 
@@ -31,6 +31,10 @@ from autotune.costmodel.estimate import evaluate
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
+from autotune.search.record import measured_figure
+from autotune.search.record import predicted_figure
+from autotune.search.record import ran
+from autotune.search.record import record_layout
 from autotune.space.search_space import SearchSpace
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
@@ -191,13 +195,6 @@ def _gib(value: float | None) -> str:
     return f"{value / GIB:.2f}" if value else "-"
 
 
-def _layout(record: Mapping[str, Any]) -> Layout | None:
-    fields = record.get("layout_fields")
-    return Layout(**fields) if isinstance(fields, Mapping) else None
-
-
-def _ran(record: Mapping[str, Any]) -> bool:
-    return bool(record.get("ran")) and _layout(record) is not None
 
 
 def _step_s(cfg: AutotuneConfig, layouts: Sequence[Layout], k: Constants) -> np.ndarray:
@@ -211,9 +208,9 @@ def memory_flags(
     usable = usable_gpu_bytes(cfg, k)
     flags = []
     for record in records:
-        predicted = (record.get("predicted") or {}).get("peak_memory_bytes")
+        predicted = predicted_figure(record, "peak_memory_bytes")
         status = str(record.get("status"))
-        if not _ran(record) or predicted is None or status not in ("ok", "oom"):
+        if not ran(record) or predicted is None or status not in ("ok", "oom"):
             continue
         fits = float(predicted) <= usable
         if status == "oom" and fits:
@@ -264,9 +261,10 @@ def refit_study(
     """
     base = k or constants_for(cfg.cluster.gpu)
     measured = [
-        r for r in records if _ran(r) and r.get("status") == "ok" and r.get("measured_step_time_s")
+        r for r in records
+        if ran(r) and r.get("status") == "ok" and measured_figure(r, "step_time_s")
     ]
-    layouts = [_layout(r) for r in measured]
+    layouts = [record_layout(r) for r in measured]
     points = [
         Measured(
             f"trial {r['number']}",
@@ -285,7 +283,7 @@ def refit_study(
         ok_layouts = [p.layouts[0] for p in points]
         before_s, after_s = _step_s(cfg, ok_layouts, base), _step_s(cfg, ok_layouts, after)
         for i, (record, point) in enumerate(zip(measured, points, strict=True)):
-            predicted_peak = (record.get("predicted") or {}).get("peak_memory_bytes")
+            predicted_peak = predicted_figure(record, "peak_memory_bytes")
             trials.append(
                 TrialFit(
                     int(record["number"]),
@@ -293,13 +291,13 @@ def refit_study(
                     point.step_time_s,
                     float(before_s[i]),
                     float(after_s[i]),
-                    record.get("measured_peak_memory_bytes"),
+                    measured_figure(record, "peak_memory_bytes"),
                     float(predicted_peak) if predicted_peak is not None else None,
                 )
             )
     failures: dict[str, int] = {}
     for record in records:
-        if _ran(record):
+        if ran(record):
             status = str(record.get("status"))
             failures[status] = failures.get(status, 0) + 1
     return RefitReport(
@@ -326,7 +324,7 @@ def _untried(
     feasible = enumerate_layouts(cfg, space, base).feasible
     if not len(feasible):
         return []
-    tried = {str(r.get("layout_id")) for r in records if _ran(r)}
+    tried = {str(r.get("layout_id")) for r in records if ran(r)}
     fitted = evaluate(cfg, feasible, after)
     original = evaluate(cfg, feasible, base)["step_time_s"]
     order = np.argsort(fitted["step_time_s"], kind="stable")
