@@ -9,7 +9,7 @@ from autotune.costmodel.constants import constants_for
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.layout import Layout
 from autotune.runners.simulate import SimulateRunner
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.space.search_space import load_space
 from autotune.specs.inputs import load_config
@@ -21,8 +21,8 @@ SPACE = load_space(None, "megatron")
 def test_fit_lowers_the_error_and_reranks_untried_layouts(tmp_path: Path) -> None:
     # the 'cluster' runs with constants the model does not know (seeded perturbation)
     runner = SimulateRunner(noise=0.3, seed=5)
-    options = TuneOptions(out_dir=tmp_path, trials=8, storage="memory", render=False)
-    result = tune(CFG, SPACE, runner, options)
+    options = TuneSettings(trials=8, storage="memory", render=False)
+    result = tune(CFG, SPACE, runner, options, tmp_path)
 
     report = refit_study(CFG, result.records, space=SPACE)
 
@@ -79,8 +79,8 @@ def test_the_report_shows_the_fit_that_ranked_the_trials(tmp_path: Path) -> None
     from autotune.space.search_space import enumerate_layouts
 
     runner = SimulateRunner(noise=0.3, seed=7)
-    options = TuneOptions(out_dir=tmp_path, trials=6, storage="memory", render=False)
-    result = tune(CFG, SPACE, runner, options)
+    options = TuneSettings(trials=6, storage="memory", render=False)
+    result = tune(CFG, SPACE, runner, options, tmp_path)
     report = refit_study(CFG, result.records, space=SPACE)
 
     feasible = enumerate_layouts(CFG, SPACE).feasible
