@@ -48,3 +48,6 @@ class TuneSettings(BaseModel):
     the measured noise)."""
     render: StrictBool = True
     """Render the configs of the best layouts when the study ends."""
+    stop_when_confident: Annotated[FiniteFloat, Field(gt=0, lt=1)] | None = None
+    """Stop early once the probability that an untried layout beats the best measured one by
+    more than the noise falls below this (e.g. 0.05); None runs every trial."""
