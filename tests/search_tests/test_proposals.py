@@ -186,3 +186,42 @@ def test_seeds_change_the_first_trials_with_the_default_settings(tmp_path: Path)
                       tmp_path / str(seed))
         runs.append(tuple(r["layout_id"] for r in _ran(result)))
     assert len(set(runs)) == 3, runs
+
+
+class _Exact(Runner):
+    """The model's own figures with 1 % noise recorded (a truth the model knows exactly)."""
+
+    name = "exact"
+
+    def check(self, cfg) -> None:
+        """Runs any problem."""
+
+    def run(self, plan: TrialPlan) -> Measurement:
+        values = evaluate(plan.cfg, LayoutTable.from_layouts([plan.layout]))
+        step = float(values["step_time_s"][0])
+        return Measurement("ok", step_time_s=step, step_time_spread=0.01,
+                           tokens_per_s=plan.cfg.train.tokens_per_step / step,
+                           peak_memory_bytes=float(values["peak_memory_bytes"][0]))
+
+
+def test_stop_when_confident_ends_early_on_the_best(tmp_path: Path) -> None:
+    """Oracle: the model's own ranking, which this truth follows exactly. Once the fastest
+    layouts have run, no untried one can beat the winner by more than the 1 % noise: the study
+    stops before its 30 trials, says so, and its winner is the model's (true) best. Without the
+    option it runs all 30."""
+    cfg = load_config("llama3-8b", "dgx-h100:1")
+    feasible = enumerate_layouts(cfg, SPACE).feasible
+    best = float(evaluate(cfg, feasible)["tokens_per_s"].max())
+
+    result = tune(cfg, SPACE, _Exact(), TuneSettings(trials=30, storage="memory", render=False,
+                                                     stop_when_confident=0.05), tmp_path / "a")
+    ran = _ran(result)
+    assert len(ran) < 30
+    assert result.confidence is not None and result.confidence["stopped_early"]
+    assert result.confidence["probability"] < 0.05
+    assert result.ranked[0]["measured_tokens_per_s"] == pytest.approx(best, rel=0.01)
+
+    full = tune(cfg, SPACE, _Exact(), TuneSettings(trials=30, storage="memory", render=False),
+                tmp_path / "b")
+    assert len(_ran(full)) == 30
+    assert full.confidence is not None and not full.confidence["stopped_early"]
