@@ -45,8 +45,8 @@ from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.specs import AutotuneConfig
+from autotune.units import GIB
 
-GIB = 1024**3
 MOE_IMBALANCE = 1.15
 """Routed tokens on the busiest expert-parallel rank over the mean (dropless routing)."""
 NOISE = 0.015

@@ -22,7 +22,6 @@ from markupsafe import Markup
 
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.estimate import estimate
-from autotune.costmodel.memory import GIB
 from autotune.costmodel.memory import MEMORY_PARTS
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.costmodel.step_time import TIME_PARTS
@@ -32,6 +31,7 @@ from autotune.report import plots
 from autotune.resources import resource_dir
 from autotune.scaling import PART_LABELS
 from autotune.space.rules import MEMORY_RULE_NAMES
+from autotune.units import GIB
 
 PLOT_CAPTIONS = {
     "memory_breakdown": "Predicted memory per GPU of the winner and runners-up, by part; "
