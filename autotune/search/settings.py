@@ -48,6 +48,8 @@ class TuneSettings(BaseModel):
     the measured noise)."""
     render: StrictBool = True
     """Render the configs of the best layouts when the study ends."""
-    stop_when_confident: Annotated[FiniteFloat, Field(gt=0, lt=1)] | None = None
-    """Stop early once the probability that an untried layout beats the best measured one by
-    more than the noise falls below this (e.g. 0.05); None runs every trial."""
+    stop_when_confident: StrictBool = False
+    """Stop early once an untried layout beats the best measured one by more than the noise
+    with probability below --confidence (after the warm start and 3 trials)."""
+    confidence: Annotated[FiniteFloat, Field(gt=0, lt=1)] = 0.05
+    """The probability --stop-when-confident stops at."""

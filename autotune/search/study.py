@@ -411,7 +411,8 @@ def tune(
     stop = _StopAfter(options.trials, sampler.remaining,
                       cap=options.trials * 20 + options.warm_start,
                       confidence=lambda s: sampler.confidence(s).probability,
-                      confident_below=options.stop_when_confident,
+                      confident_below=options.confidence if options.stop_when_confident
+                      else None,
                       least=max(options.warm_start, MIN_CONFIDENT_TRIALS))
     callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = [stop]
     if on_trial is not None:

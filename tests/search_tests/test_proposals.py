@@ -214,7 +214,7 @@ def test_stop_when_confident_ends_early_on_the_best(tmp_path: Path) -> None:
     best = float(evaluate(cfg, feasible)["tokens_per_s"].max())
 
     result = tune(cfg, SPACE, _Exact(), TuneSettings(trials=30, storage="memory", render=False,
-                                                     stop_when_confident=0.05), tmp_path / "a")
+                                                     stop_when_confident=True), tmp_path / "a")
     ran = _ran(result)
     assert len(ran) < 30
     assert result.confidence is not None and result.confidence["stopped_early"]
