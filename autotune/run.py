@@ -306,7 +306,8 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
         best = layout_of(result.ranked[0])
         gpus = default_gpus(cfg, best, config.scale.gpus)
         scaled = sweep(cfg, best, gpus, config.scale.mode, runner, out)
-    reports = write_report(out, records=result.records, config=cfg.model_dump(mode="json"))
+    reports = write_report(out, records=result.records, config=cfg.model_dump(mode="json"),
+                           confidence=result.confidence)
     refit = None
     if config.runner.name != "simulate":
         refit = refit_study(cfg, result.records, space=space)

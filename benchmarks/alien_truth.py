@@ -47,6 +47,8 @@ from autotune.runners.base import TrialPlan
 from autotune.specs import AutotuneConfig
 from autotune.units import GIB
 
+MOE_IMBALANCE = 1.15
+"""Routed tokens on the busiest expert-parallel rank over the mean (dropless routing)."""
 NOISE = 0.015
 """σ of the multiplicative (log-normal) noise on every measured step time."""
 
@@ -114,14 +116,47 @@ class Hidden:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Distortion:
+    """Where a scenario's cluster departs from what any model assumes (1 / 0 = no change):
+    factors on the time of flash attention, of the pipeline's fill and drain slots and of the
+    ZeRO-3 parameter gathers, on the NICs' rate, on activation memory, and extra runtime reserve
+    (GiB outside the allocator). These move the true best away from the model's ranking."""
+
+    attention: float = 1.0
+    bubble: float = 1.0
+    nic: float = 1.0
+    zero3_gather: float = 1.0
+    activation: float = 1.0
+    reserve_gib: float = 0.0
+
+    def describe(self) -> str:
+        """A short label, e.g. 'attention x2, NIC x0.5'."""
+        labels = [("attention", self.attention, 1.0), ("bubble", self.bubble, 1.0),
+                  ("NIC", self.nic, 1.0), ("ZeRO-3 gather", self.zero3_gather, 1.0),
+                  ("activations", self.activation, 1.0)]
+        text = [f"{name} x{value:g}" for name, value, same in labels if value != same]
+        if self.reserve_gib:
+            text.append(f"reserve +{self.reserve_gib:g} GiB")
+        return ", ".join(text) or "none"
+
+
 class AlienTruth:
     """Step time and memory of layouts of one problem on one hidden cluster."""
 
-    def __init__(self, cfg: AutotuneConfig, seed: int) -> None:
+    def __init__(self, cfg: AutotuneConfig, seed: int,
+                 distortion: Distortion | None = None) -> None:
         self.cfg = cfg
         self.seed = seed
         self.hidden = Hidden.draw(seed)
         self.device = DEVICES[cfg.cluster.gpu.name]
+        self.distortion = distortion or Distortion()
+
+    @property
+    def nic_bytes_s(self) -> float:
+        """The NIC rate one GPU's traffic across nodes reaches (B/s)."""
+        c = self.cfg.cluster
+        return c.inter_node_gb_s * 1e9 * self.hidden.nic * self.distortion.nic
 
     # --- building blocks ---------------------------------------------------------------------
 
@@ -150,8 +185,7 @@ class AlienTruth:
         local = np.maximum(np.minimum(per_node, ranks), 1)
         nodes = np.maximum(ranks / local, 1)
         nvlink = c.intra_node_gb_s * 1e9 * hid.nvlink
-        nic = c.inter_node_gb_s * 1e9 * hid.nic
-        return local, nodes, nvlink, nic
+        return local, nodes, nvlink, self.nic_bytes_s
 
     def ring_s(self, nbytes, ranks, per_node, passes: float) -> np.ndarray:
         """Ring reduce-scatter / all-gather (passes=1) or all-reduce (passes=2) of `nbytes`."""
@@ -181,9 +215,31 @@ class AlienTruth:
     # --- the model's shapes ------------------------------------------------------------------
 
     def _layer_params(self) -> float:
+        """Weights of a layer that tensor parallelism splits (attention, norms and, averaged
+        over the layers, the dense MLPs); routed experts are `_expert_params`."""
         m = self.cfg.model
         d, a, g, h = m.head_dim, m.num_attention_heads, m.query_groups, m.hidden_size
-        return h * (a + 2 * g) * d + a * d * h + (3 if m.gated else 2) * h * m.ffn + 4 * h
+        dense_mlp = (1 - m.moe_layer_share) * (3 if m.gated else 2) * h * m.ffn
+        return h * (a + 2 * g) * d + a * d * h + dense_mlp + 4 * h
+
+    def _expert_params(self, t: LayoutTable) -> np.ndarray:
+        """Routed-expert weights one rank holds per layer (averaged over the layers): E/ep
+        experts, each split over etp."""
+        m = self.cfg.model
+        if not m.moe:
+            return np.zeros(len(t))
+        one = (3 if m.gated else 2) * m.hidden_size * m.moe_ffn
+        return m.moe_layer_share * (m.num_experts or 1) / t.ep * one / t.etp
+
+    def _expert_group(self, t: LayoutTable) -> np.ndarray:
+        """Ranks that reduce an expert's gradients: world / (pp·ep·etp)."""
+        return np.maximum(self.cfg.world_size // (t.pp * t.ep * t.etp), 1)
+
+    def _routed(self, t: LayoutTable) -> np.ndarray:
+        """Routed tokens per token a rank holds (top-k copies, the busiest rank's excess
+        MOE_IMBALANCE, shared by the tp/etp ranks that see the same tokens)."""
+        m = self.cfg.model
+        return m.moe_router_topk * MOE_IMBALANCE * t.etp / t.tp
 
     def _stage_layers(self, t: LayoutTable) -> np.ndarray:
         return np.ceil(self.cfg.model.num_layers / t.pp)
@@ -217,21 +273,29 @@ class AlienTruth:
         hbm = c.gpu.hbm_tb_s * 1e12 * hid.hbm
 
         # one layer, one micro-batch: GEMMs
+        share = m.moe_layer_share
         shapes = [
-            ((a + 2 * g) * d / tp, h),  # QKV
-            (h, a * d / tp),  # attention output projection
-            ((2 if m.gated else 1) * f / tp, h),  # MLP up (and gate)
-            (h, f / tp),  # MLP down
+            (1.0, tokens, (a + 2 * g) * d / tp, h),  # QKV
+            (1.0, tokens, h, a * d / tp),  # attention output projection
+            (1 - share, tokens, (2 if m.gated else 1) * f / tp, h),  # MLP up (and gate)
+            (1 - share, tokens, h, f / tp),  # MLP down
         ]
+        if m.moe:  # grouped GEMMs of the E/ep local experts, each on its routed tokens
+            local = (m.num_experts or 1) / t.ep
+            routed = tokens * tp * self._routed(t) / local
+            e, up = m.moe_ffn / t.etp, 2 if m.gated else 1
+            shapes += [(share * local, routed, up * e, h), (share * local, routed, h, e)]
         fwd = np.zeros(len(t))
         bwd = np.zeros(len(t))
-        for n, k in shapes:
-            one_f, one_b = self._gemm_train_s(tokens, np.broadcast_to(n, tokens.shape),
+        for weight, rows, n, k in shapes:
+            one_f, one_b = self._gemm_train_s(np.broadcast_to(rows, tokens.shape),
+                                              np.broadcast_to(n, tokens.shape),
                                               np.broadcast_to(k, tokens.shape))
-            fwd, bwd = fwd + one_f, bwd + one_b
+            fwd, bwd = fwd + weight * one_f, bwd + weight * one_b
         # flash attention: causal scores and values
         attn_flops = 2 * 2 * tokens * s * d * a / tp * 0.5
         attn = attn_flops / (peak * self.device.attention * hid.attention)
+        attn = attn * self.distortion.attention
         fwd, bwd = fwd + attn, bwd + 2.5 * attn
         # memory-bound kernels (norms, rope, activation, residuals) and kernel launches
         sp_div = np.where(t.sp, tp, 1.0)
@@ -244,8 +308,7 @@ class AlienTruth:
         # context parallelism
         kv_bytes = 2 * 2 * tokens * g * d / np.minimum(tp, g)
         cross = tp * cp > gpn
-        cp_link = np.where(cross, c.inter_node_gb_s * hid.nic, c.intra_node_gb_s * hid.nvlink)
-        cp_link = cp_link * 1e9
+        cp_link = np.where(cross, self.nic_bytes_s, c.intra_node_gb_s * 1e9 * hid.nvlink)
         if cfg.train.framework == "megatron":  # ring attention: K/V hop overlapped with a block
             hop = kv_bytes / cp_link + np.where(cross, hid.alpha_ib_s, hid.alpha_nvlink_s)
             cp_fwd = (cp - 1) * np.maximum(hop - attn / cp, 0.0) + hop
@@ -256,8 +319,17 @@ class AlienTruth:
             a2a = (cp - 1) / cp * a2a_bytes / cp_link + (cp - 1) * alpha
             cp_fwd, cp_bwd = a2a, a2a
         cp_fwd, cp_bwd = np.where(cp > 1, cp_fwd, 0.0), np.where(cp > 1, cp_bwd, 0.0)
-        layer_fwd = fwd + fwd_comm + cp_fwd
-        layer_bwd = bwd + bwd_comm + cp_bwd
+        # expert parallelism: dispatch and combine all-to-alls, forward and backward
+        ep_comm = np.zeros(len(t))
+        if m.moe:
+            a2a_bytes = 2 * tokens * self._routed(t) * tp * h * (t.ep - 1) / t.ep
+            ep_cross = t.ep * t.etp > gpn
+            ep_link = np.where(ep_cross, self.nic_bytes_s, c.intra_node_gb_s * 1e9 * hid.nvlink)
+            alpha = np.where(ep_cross, hid.alpha_ib_s, hid.alpha_nvlink_s)
+            one = a2a_bytes / ep_link + (t.ep - 1) * alpha
+            ep_comm = share * np.where(t.ep > 1, 2 * one, 0.0)
+        layer_fwd = fwd + fwd_comm + cp_fwd + ep_comm
+        layer_bwd = bwd + bwd_comm + cp_bwd + ep_comm
         # recompute: full repeats the layer's forward, selective the attention core
         layer_bwd = layer_bwd + np.select([t.recompute == 2, t.recompute == 1], [layer_fwd, attn])
 
@@ -274,10 +346,11 @@ class AlienTruth:
         # pipeline: (v·m + p − 1) chunk slots, each with its sends and a synchronisation
         p2p_bytes = 2 * tokens * h / sp_div
         pp_cross = tp * cp * t.dp >= gpn
-        p2p_link = np.where(pp_cross, c.inter_node_gb_s * hid.nic, c.intra_node_gb_s * hid.nvlink)
-        send = p2p_bytes / (p2p_link * 1e9) + np.where(pp_cross, hid.alpha_ib_s, 20e-6)
+        p2p_link = np.where(pp_cross, self.nic_bytes_s, c.intra_node_gb_s * 1e9 * hid.nvlink)
+        send = p2p_bytes / p2p_link + np.where(pp_cross, hid.alpha_ib_s, 20e-6)
         chunk = stage_mb / v + 2 * send + 30e-6
-        pipeline = np.where(pp > 1, (v * micro + pp - 1) * chunk, micro * stage_mb)
+        slots = v * micro + self.distortion.bubble * (pp - 1)
+        pipeline = np.where(pp > 1, slots * chunk, micro * stage_mb)
 
         # data parallel: gradients, parameters, optimizer
         ranks, per_node = self._grad_group(t)
@@ -306,7 +379,7 @@ class AlienTruth:
             )
         # ZeRO-3 / FSDP: per micro-batch and layer, gathers prefetched one layer ahead
         layer_params = self._layer_params() / tp
-        ag = self.ring_s(2 * layer_params, ranks, per_node, 1.0)
+        ag = self.ring_s(2 * layer_params, ranks, per_node, 1.0) * self.distortion.zero3_gather
         rs = self.ring_s(grad_bytes * layer_params, ranks, per_node, 1.0)
         z3_mb = (
             ag
@@ -316,8 +389,18 @@ class AlienTruth:
         )
         dp_comm = np.where(z >= 3, micro * z3_mb, dp_comm)
         dp_comm = np.where(ranks > 1, dp_comm, 0.0)
+        # routed experts: their gradients reduce over the expert data-parallel group
+        experts = layers * self._expert_params(t)
+        edp = self._expert_group(t)
+        if m.moe:
+            e_node = np.maximum(gpn // (t.ep * t.etp), 1)
+            e_reduce = np.where(z == 0, self.allreduce_s(grad_bytes * experts, edp, e_node),
+                                self.ring_s(grad_bytes * experts, edp, e_node, 1.0)
+                                + self.ring_s(2 * experts, edp, e_node, 1.0))
+            e_reduce = e_reduce * np.where(z >= 3, micro * self.distortion.zero3_gather, 1.0)
+            dp_comm = dp_comm + np.where(edp > 1, exposed(e_reduce, hide), 0.0)
 
-        shard = params / np.where(z >= 1, ranks, 1)
+        shard = params / np.where(z >= 1, ranks, 1) + experts / np.where(z >= 1, edp, 1)
         pcie = c.pcie_gb_s * 1e9 * 0.75
         cpu_adam = 0.8e9 / gpn  # parameters per second, one node's CPUs shared by its GPUs
         offload = np.where(t.offload >= 1, 4 * shard / pcie + shard / cpu_adam, 0.0)
@@ -341,13 +424,17 @@ class AlienTruth:
         replicated = 2 * (4 * h) + 4 * 2  # two norm inputs and outputs, fp32 norm statistics
         if m.add_bias_linear:  # GPT: two dropout masks (bytes) on the residual stream
             replicated = replicated + 2 * h
+        mlp = 2 * (2 if m.gated else 1) + 2  # up (and gate) outputs, activation output
         sharded = (
             2 * (a + 2 * g) * d  # q, k, v after rotary / bias
             + 2 * a * d + 4 * a  # attention output (the projection's input), log-sum-exp
-            + 2 * (2 if m.gated else 1) * f  # up (and gate) projections
-            + 2 * f  # activation output (the down projection's input)
+            + (1 - m.moe_layer_share) * mlp * f
         )
-        return tokens * (replicated / sp_div + sharded / t.tp) * self.hidden.activation_overhead
+        if m.moe:  # the experts' inputs and intermediates, per routed copy
+            sharded = sharded + m.moe_layer_share * self._routed(t) * t.tp * (
+                2 * h + mlp * m.moe_ffn / t.etp)
+        overhead = self.hidden.activation_overhead * self.distortion.activation
+        return tokens * (replicated / sp_div + sharded / t.tp) * overhead
 
     def peak_allocated_bytes(self, t: LayoutTable) -> np.ndarray:
         """What `torch.cuda.max_memory_allocated` would report on the most loaded rank."""
@@ -365,6 +452,7 @@ class AlienTruth:
         layer = self.layer_activation_bytes(t)
         full = t.recompute == 2
         checkpoint = 2 * tokens * h / sp_div * self.hidden.activation_overhead
+        checkpoint = checkpoint * self.distortion.activation
         stored = np.where(full, checkpoint, layer)
         rematerialised = full * 2 * layer  # a recomputed layer and its gradients
         logits = 8 * tokens * self._vocab(t) / tp  # bf16 logits, fp32 softmax, its gradient
@@ -378,23 +466,33 @@ class AlienTruth:
         last_flight = np.where(interleaved, np.minimum(micro * v, (v - 1) * pp + 1) / v, 1.0)
 
         untied = 0.0 if m.tied_embeddings else 1.0
-        single = self._states(t, layers * per_layer + (1 + untied) * table) + (
+        experts = layers * self._expert_params(t)
+        single = self._states(t, layers * per_layer + (1 + untied) * table, experts) + (
             layers * stored + rematerialised + embedding_out + logits
         )
-        first = self._states(t, layers * per_layer + table) + (
+        first = self._states(t, layers * per_layer + table, experts) + (
             first_flight * (layers * stored + embedding_out) + rematerialised
         )
-        last = self._states(t, layers * per_layer + table) + (
+        last = self._states(t, layers * per_layer + table, experts) + (
             last_flight * layers * stored + rematerialised + logits
         )
         return np.where(pp > 1, np.maximum(first, last), single)
 
-    def _states(self, t: LayoutTable, params: np.ndarray) -> np.ndarray:
-        """Weights, gradients, optimizer states and communication buckets of `params`."""
+    def _states(self, t: LayoutTable, params: np.ndarray, experts: np.ndarray) -> np.ndarray:
+        """Weights, gradients, optimizer states and communication buckets of `params` (sharded
+        over dp·cp) and routed `experts` (over the expert data-parallel group)."""
         ranks, _ = self._grad_group(t)
+        dense = self._sharded(t, params, ranks, self._layer_params() / t.tp)
+        if not self.cfg.model.moe:
+            return dense
+        return dense + self._sharded(t, experts, self._expert_group(t), self._expert_params(t))
+
+    def _sharded(self, t: LayoutTable, params: np.ndarray, ranks: np.ndarray,
+                 layer: np.ndarray | float) -> np.ndarray:
+        """States of `params` sharded over `ranks` (`layer`: one layer's share, gathered)."""
         n = np.maximum(ranks, 1)
         z, off = t.zero, t.offload
-        live = 2 * 2 * self._layer_params() / t.tp  # two gathered layers (prefetch)
+        live = 2 * 2 * layer  # two gathered layers (prefetch)
         weights = np.where(z >= 3, 2 * params / n + live, 2 * params)
         optimizer = np.where(off >= 1, 0.0, np.where(z >= 1, 12 * params / n, 12 * params))
         if self.cfg.train.framework == "deepspeed":
@@ -416,6 +514,7 @@ class AlienTruth:
         """Memory outside the allocator: CUDA context, workspaces, NCCL buffers per group."""
         groups = (t.tp > 1) + (t.cp > 1) + (t.pp > 1) + (t.dp * t.cp > 1) + (t.pp > 1)
         gib = self.device.context_gib + 0.35 + self.hidden.nccl_gib_per_group * groups
+        gib = gib + self.distortion.reserve_gib
         return gib * GIB
 
     def fragmentation(self, t: LayoutTable) -> np.ndarray:

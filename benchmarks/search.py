@@ -2,13 +2,16 @@
 
 Usage:
     python benchmarks/search.py [--seeds 5] [--budget 30] [--truth alien|perturbed|both]
-                                [--scenario NAME ...]
+                                [--scenario NAME ...] [--quick]
 
 Truths (each seed is another hidden cluster):
 - alien: `benchmarks/alien_truth.py`, step time and memory written independently of autotune's
   model (other functional forms, 10-20 % more activation memory, a larger runtime reserve and
   allocator fragmentation that autotune cannot see, 1.5 % noise on every measurement); a layout
-  that does not fit returns status `oom`.
+  that does not fit returns status `oom`. Each scenario adds a `Distortion` (attention 2x
+  slower, pipeline fill and drain 1.5x, NICs at half rate, ZeRO-3 gathers 2x slower, 20 % more
+  activation memory and 4 GiB more runtime reserve) so the true best is not the model's #1;
+  the table prints where the model ranks it.
 - perturbed: autotune's own model with perturbed constants and a per-layout jitter (the
   `simulate` runner with noise 0.15): the model's functional form and memory, so it is a
   sanity check, not evidence.
@@ -29,9 +32,9 @@ Noise can still make another layout look best: "pick @20" is the regret of the l
 highest measured throughput after 20 trials (what `tune` renders as the winner). Printed per
 scenario and method: median and worst seed of each ('>B' = not within the budget), OOM trials
 per study, trials on rule-rejected layouts and layouts run twice (worst study), trials run.
-Targets for autotune on the alien truth: median ≤ 10 trials overall and ≤ 15 per scenario,
-regret after 20 trials ≤ 1 %, at most 2 OOM trials per study, no rule-rejected trial, no layout
-run twice.
+Targets for autotune on the alien truth: every scenario's median trials to 2 % ≤ 10 and its
+worst ≤ 15, regret after 10 trials ≤ 2 %, at most 2 OOM trials per study, no rule-rejected
+trial, no layout run twice, and different seeds run different trials.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from alien_truth import AlienTruth  # noqa: E402
+from alien_truth import Distortion  # noqa: E402
 from alien_truth import TruthRunner  # noqa: E402
 from deepspeed_autotuner import DeepSpeedAutotuner  # noqa: E402
 
@@ -72,16 +76,42 @@ from autotune.space.search_space import enumerate_layouts  # noqa: E402
 from autotune.space.search_space import load_space  # noqa: E402
 from autotune.specs.inputs import load_config  # noqa: E402
 
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """A problem and how its hidden cluster departs from any model (`Distortion`)."""
+
+    model: str
+    cluster: str
+    framework: str
+    distortion: Distortion = Distortion()
+    seq_length: int | None = None
+    global_batch_size: int | None = None
+
+    def config(self):
+        return load_config(self.model, self.cluster, framework=self.framework,
+                           seq_length=self.seq_length, global_batch_size=self.global_batch_size)
+
+
+MEMORY = Distortion(activation=1.2, reserve_gib=4.0)
+ALL = Distortion(attention=2.0, bubble=1.5, nic=0.5, zero3_gather=2.0, activation=1.2,
+                 reserve_gib=4.0)
 SCENARIOS = [
-    ("llama3-8b", "dgx-h100:1", "megatron"),
-    ("llama2-7b", "dgx-a100:2", "deepspeed"),
-    ("llama2-13b", "dgx-a100:8", "deepspeed"),
-    ("llama3-70b", "dgx-h100:8", "megatron"),
-    ("gpt3-13b", "hgx-h200:16", "deepspeed"),
-    ("gpt3-175b", "dgx-a100:64", "megatron"),
-    ("llama3-405b", "dgx-h100:128", "megatron"),
+    Scenario("llama3-8b", "dgx-h100:1", "megatron", MEMORY),
+    Scenario("mixtral-8x7b", "dgx-h100:2", "megatron", ALL),
+    Scenario("llama2-13b", "dgx-a100:8", "deepspeed", ALL),
+    Scenario("llama3-70b", "dgx-h100:8", "megatron", ALL, seq_length=8192,
+             global_batch_size=512),
+    Scenario("gpt3-13b", "hgx-h200:16", "deepspeed", ALL),
+    Scenario("mixtral-8x22b", "dgx-h100:32", "megatron", ALL),
+    Scenario("gpt3-175b", "dgx-a100:64", "megatron", Distortion(nic=0.5)),
+    Scenario("llama3-405b", "dgx-h100:128", "megatron", ALL),
 ]
-"""8 to 1,024 GPUs, dense Llama and GPT presets, both frameworks."""
+"""8 to 1,024 GPUs, dense Llama and GPT presets and two Mixtral MoE models, both frameworks;
+on the two Mixtral problems the true best sits at the model's rank 200 or lower (the table's
+'true best at' column)."""
+QUICK = ("llama3-8b", "mixtral-8x7b", "llama3-70b", "mixtral-8x22b")
+"""--quick: four scenarios (8 to 256 GPUs, dense and MoE), 2 seeds, budget 20."""
 METHODS = ("autotune", "walk ranking", "random", "DS autotuner")
 MEMORY_RULES = ("memory_fits",)
 
@@ -137,9 +167,9 @@ class PerturbedTruth:
         return self.runner
 
 
-def make_truth(kind: str, cfg, seed: int):
+def make_truth(kind: str, cfg, seed: int, distortion: Distortion | None = None):
     if kind == "alien":
-        return AlienTruth(cfg, seed)
+        return AlienTruth(cfg, seed, distortion)
     return PerturbedTruth(cfg, seed)
 
 
@@ -164,10 +194,16 @@ def structural_violations(cfg, t: LayoutTable, skip: tuple[str, ...] = ()) -> np
 
 def true_best(cfg, space, truth) -> float:
     """Fastest layout of the space that passes the structural rules and fits the truth."""
-    table = candidates(cfg, space)
+    table = candidates(cfg, space.resolved(cfg))
     table = table.take(~structural_violations(cfg, table))
     rates = np.where(truth.oom(table), 0.0, truth.tokens_per_s(table))
     return float(rates.max())
+
+
+def model_rank(feasible: LayoutTable, truth) -> int:
+    """Where the model ranks the truly fastest of its feasible layouts (1 = its own #1)."""
+    rates = np.where(truth.oom(feasible), 0.0, truth.tokens_per_s(feasible))
+    return int(np.argmax(rates)) + 1
 
 
 def _trial(truth, layout: Layout, key: str, repetition: int, answer: bool = True) -> Trial:
@@ -268,6 +304,8 @@ class Score:
     rejected: int
     twice: int
     ran: int
+    keys: tuple[str, ...] = ()
+    """The layouts run, in order (do seeds change the run?)."""
 
 
 def score(trials: list[Trial], best: float, budget: int, rejected: int = 0) -> Score:
@@ -299,6 +337,7 @@ def score(trials: list[Trial], best: float, budget: int, rejected: int = 0) -> S
         rejected=rejected + sum(t.status == "rejected" for t in trials),
         twice=len(keys) - len(set(keys)),
         ran=len(trials),
+        keys=tuple(keys),
     )
 
 
@@ -332,16 +371,22 @@ def table_for(kind: str, seeds: int, budget: int, scenarios, methods, log: Calla
                    "OOM", "rejected", "twice", "ran"):
         table.add_column(column, justify="left" if column in ("scenario", "method") else "right")
     results: dict[tuple[str, str], list[Score]] = {}
-    for model, cluster, framework in scenarios:
-        cfg = load_config(model, cluster, framework=framework)
+    for scenario in scenarios:
+        model, cluster, framework = scenario.model, scenario.cluster, scenario.framework
+        cfg = scenario.config()
         space = load_space(None, framework)
         enumeration = enumerate_layouts(cfg, space)
+        truths = [make_truth(kind, cfg, 1000 + seed, scenario.distortion)
+                  for seed in range(seeds)]
+        ranks = [model_rank(enumeration.feasible, truth) for truth in truths]
         for method in methods:
-            scores = []
-            for seed in range(seeds):
-                truth = make_truth(kind, cfg, 1000 + seed)
-                scores.append(study(method, cfg, space, enumeration, truth, budget, seed))
+            scores = [study(method, cfg, space, enumeration, truth, budget, seed)
+                      for seed, truth in enumerate(truths)]
             results[(model, method)] = scores
+            if method == "autotune" and seeds > 1:  # other --seed values, the first cluster
+                results[(model, "autotune seeds")] = [
+                    study(method, cfg, space, enumeration, truths[0], budget, seed)
+                    for seed in (1, 2)]
 
             def both(values: list[float], fmt: Callable[[float], str]) -> str:
                 return f"{fmt(_median(values))} / {fmt(max(values))}"
@@ -349,9 +394,11 @@ def table_for(kind: str, seeds: int, budget: int, scenarios, methods, log: Calla
             def trials_text(v: float) -> str:
                 return f">{budget}" if v > budget else f"{v:g}"
 
+            distortion = scenario.distortion.describe() if kind == "alien" else "none"
             label = (
                 f"{model} {framework}\n{cluster} ({cfg.world_size} GPUs), "
-                f"{len(enumeration):,} layouts"
+                f"{len(enumeration):,} layouts\ntruth: {distortion}\ntrue best at model "
+                f"rank {_median(ranks):g} / {max(ranks)}"
             )
             table.add_row(
                 label if method == methods[0] else "",
@@ -372,28 +419,35 @@ def table_for(kind: str, seeds: int, budget: int, scenarios, methods, log: Calla
 
 def verdict(kind: str, results, scenarios, methods) -> list[str]:
     """The targets for autotune, and any baseline autotune does not beat."""
-    ours = {m: results[(m, "autotune")] for m, _, _ in scenarios}
+    ours = {sc.model: results[(sc.model, "autotune")] for sc in scenarios}
     medians = {m: _median([s.to_target for s in v]) for m, v in ours.items()}
-    overall = _median([s.to_target for v in ours.values() for s in v])
-    regret20 = max(_median([s.regret20 for s in v]) for v in ours.values())
+    worst = max(s.to_target for v in ours.values() for s in v)
+    regret10 = max(_median([s.regret10 for s in v]) for v in ours.values())
     worst_oom = max(s.oom for v in ours.values() for s in v)
     rejected = max(s.rejected for v in ours.values() for s in v)
     twice = max(s.twice for v in ours.values() for s in v)
+    alike = [
+        sc.model for sc in scenarios if (sc.model, "autotune seeds") in results
+        and {s.keys[:9] for s in results[(sc.model, "autotune seeds")]} == {
+            ours[sc.model][0].keys[:9]}
+    ]
     checks = [
-        (f"median trials to 2 % over all studies {overall:g} (target <= 10)", overall <= 10),
-        (f"worst scenario median {max(medians.values()):g} (target <= 15)",
-         max(medians.values()) <= 15),
-        (f"worst scenario median regret after 20 trials {regret20:.2%} (target <= 1 %)",
-         regret20 <= 0.01),
+        (f"worst scenario median trials to 2 % {max(medians.values()):g} (target <= 10)",
+         max(medians.values()) <= 10),
+        (f"worst study trials to 2 % {worst:g} (target <= 15)", worst <= 15),
+        (f"worst scenario median regret after 10 trials {regret10:.2%} (target <= 2 %)",
+         regret10 <= 0.02),
         (f"most OOM trials in one study {worst_oom} (target <= 2)", worst_oom <= 2),
         (f"rule-rejected trials {rejected}, layouts run twice {twice} (target 0)",
          rejected == 0 and twice == 0),
+        (f"scenarios where --seed 0, 1 and 2 ran the same first 9 trials on one cluster: "
+         f"{len(alike)} {', '.join(alike)} (target 0)", not alike),
     ]
     lines = [f"{kind}: {text}: {'met' if ok else 'NOT met'}" for text, ok in checks]
     for method in methods[1:]:
         ties = [
-            m for m, _, _ in scenarios
-            if _median([s.to_target for s in results[(m, method)]]) <= medians[m]
+            sc.model for sc in scenarios
+            if _median([s.to_target for s in results[(sc.model, method)]]) <= medians[sc.model]
         ]
         if ties:
             lines.append(
@@ -410,15 +464,20 @@ def main() -> None:
     parser.add_argument("--truth", choices=("alien", "perturbed", "both"), default="both")
     parser.add_argument("--scenario", action="append", help="model name(s) to run (default all)")
     parser.add_argument("--method", action="append", choices=METHODS, help="default all")
+    parser.add_argument("--quick", action="store_true",
+                        help="iterate: 4 scenarios, 2 seeds, budget 20, alien truth")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     logging.getLogger("autotune").setLevel(logging.WARNING)
-    scenarios = [s for s in SCENARIOS if not args.scenario or s[0] in args.scenario]
+    chosen = args.scenario or (QUICK if args.quick else None)
+    scenarios = [s for s in SCENARIOS if not chosen or s.model in chosen]
+    seeds, budget = (2, 20) if args.quick else (args.seeds, args.budget)
+    truth = "alien" if args.quick else args.truth
     console = Console(width=150)
-    kinds = ("alien", "perturbed") if args.truth == "both" else (args.truth,)
+    kinds = ("alien", "perturbed") if truth == "both" else (truth,)
     for kind in kinds:
         methods = tuple(m for m in METHODS if not args.method or m in args.method)
-        table, results = table_for(kind, args.seeds, args.budget, scenarios, methods, console.log)
+        table, results = table_for(kind, seeds, budget, scenarios, methods, console.log)
         console.print(table)
         for line in verdict(kind, results, scenarios, methods):
             console.print(line)

@@ -68,6 +68,8 @@ class RunData:
     runner: str | None = None
     run_info: dict[str, Any] = dataclasses.field(default_factory=dict)
     """run.json as written (empty when the folder has none)."""
+    confidence: dict[str, Any] | None = None
+    """How sure the search is of its winner (`autotune.search.study.TuneResult.confidence`)."""
 
     @property
     def kind(self) -> str:
@@ -258,7 +260,8 @@ def read_plan(directory: str | Path) -> dict[str, Any] | None:
 
 
 def load_run(directory: str | Path, records: list[dict[str, Any]] | None = None,
-             config: dict[str, Any] | None = None) -> RunData:
+             config: dict[str, Any] | None = None,
+             confidence: dict[str, Any] | None = None) -> RunData:
     """Read a tune and/or scale output folder (`records` and `config`: the study's trials and
     inputs as the tuner that just ran holds them, so the study is not read back; an in-memory
     study cannot be).
@@ -288,6 +291,7 @@ def load_run(directory: str | Path, records: list[dict[str, Any]] | None = None,
         name = study.study_name
         records = sorted(trial_records(study), key=lambda r: r["number"])
         config = (study.user_attrs.get(INPUTS_ATTR) or {}).get("config")
+        confidence = confidence or study.user_attrs.get("confidence")
     else:
         records = []
     if config is None and scaling is not None:
@@ -301,7 +305,8 @@ def load_run(directory: str | Path, records: list[dict[str, Any]] | None = None,
     except ValidationError as error:
         raise AutotuneError(validation_message(error, f"report: the inputs of {folder}")) from None
     runner = info.get("runner") or (scaling or {}).get("runner")
-    return RunData(folder, config, records, scaling, name if url else None, url, runner, info)
+    return RunData(folder, config, records, scaling, name if url else None, url, runner, info,
+                   confidence)
 
 
 # --- derived values ----------------------------------------------------------------------------

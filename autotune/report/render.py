@@ -334,6 +334,8 @@ def highlights(run: data.RunData, summary: dict[str, Any]) -> list[str]:
             study["by_status"].items(), key=lambda kv: (-kv[1], kv[0])))
         lines.append(f"Study: {study['trials']} trials ({outcomes}); {study['ran']} ran on the "
                      f"{run.runner or 'the'} runner, the rest were rejected by rules or repeats.")
+        if run.confidence:
+            lines.append(_confidence_line(run.confidence))
     if summary["prediction"]:
         e = summary["prediction"]
         lines.append(
@@ -342,6 +344,17 @@ def highlights(run: data.RunData, summary: dict[str, Any]) -> list[str]:
     if run.scaling:
         lines.append(_scaling_verdict(summary))
     return lines
+
+
+def _confidence_line(c: dict[str, Any]) -> str:
+    """How sure the search is: the chance an untried layout wins, the terms it found off."""
+    off = [f"{name} x{scale:.2f}" for name, scale in c.get("term_scales", {}).items()
+           if abs(scale - 1) >= 0.1]
+    stopped = " (the study stopped early on it)" if c.get("stopped_early") else ""
+    return (f"Confidence: an untried layout of the {c['untried']} expected to fit beats the "
+            f"winner by more than the noise ({pct(c['noise'])}) with probability "
+            f"{pct(c['probability'])}{stopped}, given the model refitted to the trials "
+            f"and its residuals; terms the trials found off: {', '.join(off) or 'none'}.")
 
 
 def _failures_table(summary: dict[str, Any]) -> Table | None:
@@ -455,7 +468,8 @@ def report_context(run: data.RunData, summary: dict[str, Any], svgs: dict[str, s
 
 def write_report(directory: str | Path, out_dir: str | Path | None = None,
                  top_k: int | None = None, records: list[dict[str, Any]] | None = None,
-                 config: dict[str, Any] | None = None) -> dict[str, Path]:
+                 config: dict[str, Any] | None = None,
+                 confidence: dict[str, Any] | None = None) -> dict[str, Path]:
     """Regenerate the report of a tune and/or scale output folder.
 
     Args:
@@ -464,6 +478,7 @@ def write_report(directory: str | Path, out_dir: str | Path | None = None,
         top_k: Runners-up to show after the winner (default: run.json's options.top_k, else 5).
         records: The study's trial records, when the caller holds them (`data.load_run`).
         config: The study's inputs, with `records`.
+        confidence: The search's confidence in its winner, with `records`.
 
     Returns:
         File name → path: report.md, report.html, summary.json, trials.csv (with a study)
@@ -472,7 +487,7 @@ def write_report(directory: str | Path, out_dir: str | Path | None = None,
     Raises:
         AutotuneError: when the folder holds neither a study nor scaling.json.
     """
-    run = data.load_run(directory, records, config)
+    run = data.load_run(directory, records, config, confidence)
     if top_k is None:
         top_k = int((run.run_info.get("options") or {}).get("top_k", 5))
     out = Path(out_dir) if out_dir is not None else run.directory

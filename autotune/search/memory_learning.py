@@ -17,6 +17,9 @@ smaller than assumed. Each trial teaches one of two things:
 The limit is the largest need that fits: the model's (usable memory − runtime, plus c) until a
 trial says otherwise. A layout is proposed only when its need plus `z` predictive standard
 deviations stays within the limit, so the first trials keep a margin that the fit then removes.
+Until an OOM places the limit, the limit itself is uncertain by `PRIOR_LIMIT_SD_GIB` (never below
+the largest need that fitted); the warm start (`fits(cautious=True)`) adds that σ to the need's,
+so exploring families does not spend trials on OOMs, and later trials probe the edge.
 The implied runtime reserve (device memory − limit + c) is reported as the fitted offset.
 """
 
@@ -46,6 +49,10 @@ OOM_GAP = 0.03
 """After an OOM, layouts within 3 % below its need are treated as not fitting either."""
 Z = 1.0
 """Predictive standard deviations a proposal keeps below the limit."""
+PRIOR_LIMIT_SD_GIB = 3.0
+"""σ of the model's limit until an OOM has placed it: the runtime reserve (CUDA context, NCCL
+buffers per communicator) and allocator fragmentation never show in a measured peak, and
+clusters differ by a few GiB in both."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +98,9 @@ class MemoryFit:
     """Device memory minus the limit, on the allocator's scale: the fitted runtime reserve."""
     measured: int
     oom: int
+    limit_sd_bytes: float = 0.0
+    """σ of the limit itself: `PRIOR_LIMIT_SD_GIB` (at most the gap down to the largest need
+    that fitted) while no OOM has lowered it, else 0."""
 
     def need(self, parts: MemoryParts) -> tuple[np.ndarray, np.ndarray]:
         """Predicted need (bytes, on the measured scale) and its predictive σ."""
@@ -99,10 +109,13 @@ class MemoryFit:
         sd = np.sqrt(np.einsum("ij,jk,ik->i", x, self.cov, x)) * GIB
         return mean, sd
 
-    def fits(self, parts: MemoryParts, z: float = Z) -> np.ndarray:
-        """True where the need plus z σ stays within the limit."""
+    def fits(self, parts: MemoryParts, z: float = Z, cautious: bool = False) -> np.ndarray:
+        """True where the need plus z σ stays within the limit (`cautious`: the limit's own σ
+        joins the need's, as the first trials do)."""
         mean, sd = self.need(parts)
-        return mean + z * sd <= self.limit_bytes
+        sd = np.hypot(sd, self.limit_sd_bytes) if cautious else sd
+        fits: np.ndarray = mean + z * sd <= self.limit_bytes
+        return fits
 
     def factors(self) -> list[float]:
         """Activation factor of each recompute family (none, selective, full)."""
@@ -157,6 +170,7 @@ def fit_memory(
     oom = status == "oom"
     fit = MemoryFit(mean, cov, 0.0, 0.0, int(measured.sum()), int(oom.sum()))
     limit = usable_gpu_bytes(cfg, k) - k.runtime_memory_gib * GIB + offset
+    modelled = limit
     ran = status == "ok"
     level = 0.0  # the largest need known to fit: measured peaks, else predicted needs
     if ran.any():
@@ -179,4 +193,7 @@ def fit_memory(
             family = 1 + int(rows.family[j])
             mean[family] = max(mean[family], wanted - mean[0])
     reserve = cfg.cluster.gpu.memory_bytes - (limit - offset)
-    return dataclasses.replace(fit, mean=mean, limit_bytes=limit, reserve_bytes=reserve)
+    # the limit is at least the largest need that fitted: its σ never reaches below that
+    limit_sd = min(PRIOR_LIMIT_SD_GIB * GIB, limit - level) if limit >= modelled else 0.0
+    return dataclasses.replace(fit, mean=mean, limit_bytes=limit, reserve_bytes=reserve,
+                               limit_sd_bytes=limit_sd)

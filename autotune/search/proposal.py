@@ -1,18 +1,31 @@
 """Which feasible layout to measure next, from the trials so far (no Optuna here).
 
 Every proposal is an untried row of the enumerated feasible table (so no rule-rejected point and
-no layout twice) that the memory model, corrected by the trials, expects to fit. Among those:
+no layout twice) that the memory model, corrected by the trials, expects to fit. What the
+trials say about speed (`Proposer.belief`): the physical constants refitted to them
+(`autotune.calibration.fit.fit_trials`), then one scale per term of the step time
+(`autotune.calibration.term_scales`: compute, tp/cp/ep communication, pipeline, dp, ZeRO-3,
+offload; a trial informs the terms it has), then a Gaussian process on what is left
+(`autotune.search.surrogate`). Each row gets a mean log throughput and a σ from the scales'
+posterior and the process. Among the rows that may run:
 
 1. repeats first: with `repeat` > 1 a layout that ran fewer times (all ok) runs again;
-2. warm start: the first `warm_start` trials each measure a new structural family (tp·pp·cp,
-   recompute, ZeRO family: replicated, sharded optimizer/gradients, sharded parameters):
-   the best bound plus a bonus per factor whose value no trial has measured, so one wrong
-   assumption of the model cannot cost every warm-start trial;
-3. exploration, every `explore_every`-th trial: a family not measured yet, drawn at random
-   (seeded) with weights favouring families the model rates well;
-4. otherwise the upper confidence bound: log throughput under the model refitted to the
-   trials, corrected by the residual process, plus `BETA` of its σ, so a family the model may
-   mis-rank is measured early and a measured one is trusted.
+2. warm start: the first `warm_start` trials each measure a new structural family (tp·pp·cp·ep
+   factorisation, recompute, ZeRO family: replicated, sharded optimizer/gradients, sharded
+   parameters): the best bound plus a bonus per factor whose value no trial has measured;
+3. exploration, every `explore_every`-th trial: a family not measured yet that may plausibly
+   beat the best (mean + `Z_EXPLORE` σ above it), drawn at random (seeded) with weights by
+   expected improvement;
+4. families before refinements: an unmeasured family whose interval (mean + `Z_OVERLAP` σ)
+   reaches above the best measured layout by more than the noise gets a trial (the one of
+   largest expected improvement) before another vpp or mbs of a measured family;
+5. otherwise the largest expected improvement over the best measured throughput plus the
+   noise, so layouts tied with a measured one within the noise are not worth a trial.
+
+Ties (within the noise, `TIE`) are one choice: seed 0 takes the model's favourite, any other
+seed draws among them, so different seeds run different trials. `Proposer.confidence` says
+how likely an untried layout beats the winner by more than the noise (Monte Carlo over the
+scales' posterior and the process, jointly over the most promising rows).
 """
 
 from __future__ import annotations
@@ -22,8 +35,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from scipy.stats import norm
 
 from autotune.calibration.fit import fit_trials
+from autotune.calibration.term_scales import TermFit
+from autotune.calibration.term_scales import breakdown_seconds
+from autotune.calibration.term_scales import fit_terms
+from autotune.calibration.term_scales import prior_fit
+from autotune.calibration.term_scales import term_seconds
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.estimate import evaluate
 from autotune.layout import Layout
@@ -31,6 +50,8 @@ from autotune.layout import LayoutTable
 from autotune.search.memory_learning import MemoryFit
 from autotune.search.memory_learning import MemoryParts
 from autotune.search.memory_learning import fit_memory
+from autotune.search.surrogate import MIN_NOISE
+from autotune.search.surrogate import Residuals
 from autotune.search.surrogate import features
 from autotune.search.surrogate import fit_residuals
 from autotune.specs import AutotuneConfig
@@ -40,8 +61,20 @@ BETA = 1.0
 """Weight of the residual σ in the upper confidence bound."""
 NOVELTY = 0.05
 """Warm start: bonus (log throughput) per structural factor whose value is not measured yet."""
-EXPLORE_TEMPERATURE = 0.1
-"""Spread (in log throughput) of the exploration draw over families."""
+Z_OVERLAP = 1.0
+"""σ of a family's interval that must reach above the best measured layout (plus the noise)
+for it to get a trial before refinements of measured families."""
+Z_EXPLORE = 2.0
+"""σ of a family's interval that must reach the best measured layout for exploration to draw
+it (a family that cannot plausibly win is not worth an exploration turn)."""
+TIE = 0.5
+"""Rows whose bound is within this many noise σ of the best are one choice (the seed picks)."""
+TIE_GAIN = 0.1
+"""Rows whose expected improvement is within this fraction of the best are one choice."""
+CONFIDENCE_ROWS = 200
+"""Untried rows (the likeliest to win) drawn jointly by `Proposer.confidence`."""
+CONFIDENCE_DRAWS = 1000
+"""Monte Carlo draws of `Proposer.confidence`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +86,8 @@ class Outcome:
     step_time_s: float | None = None
     peak_bytes: float | None = None
     spread: float | None = None
+    breakdown: dict[str, float] | None = None
+    """Measured seconds per step-time part (`TIME_PARTS` names), where the runner has them."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,15 +114,53 @@ class Proposal:
 
 
 def structure(t: LayoutTable) -> np.ndarray:
-    """Integer codes per row of what makes a family: tp·pp·cp, recompute, ZeRO family."""
+    """Integer codes per row of what makes a family: the tp·pp·cp·ep·etp factorisation,
+    recompute, ZeRO family."""
     zero_family = np.select([t.zero == 0, t.zero < 3], [0, 1], 2)
-    grid = np.unique(np.column_stack([t.tp, t.pp, t.cp]), axis=0, return_inverse=True)[1]
+    grid = np.unique(np.column_stack([t.tp, t.pp, t.cp, t.ep, t.etp]), axis=0,
+                     return_inverse=True)[1]
     return np.column_stack([grid.ravel(), t.recompute, zero_family])
 
 
 def family_keys(t: LayoutTable) -> np.ndarray:
-    """An integer per row naming its structural family (tp, pp, cp, recompute, ZeRO family)."""
+    """An integer per row naming its structural family (tp, pp, cp, ep, etp, recompute, ZeRO
+    family)."""
     return np.unique(structure(t), axis=0, return_inverse=True)[1].ravel()
+
+
+@dataclasses.dataclass(frozen=True)
+class Belief:
+    """What the trials say about every feasible row's speed."""
+
+    mean: np.ndarray
+    """Expected log tokens/s."""
+    sd: np.ndarray
+    """Its σ: the term scales' posterior and the residual process together."""
+    constants: Constants
+    terms: TermFit
+    process: Residuals
+    best: float
+    """Log tokens/s of the best measured layout (mean of its runs), -inf before any."""
+    best_id: str | None
+    noise: float
+    """Relative noise of a measurement (the trials' spreads, at least `MIN_NOISE`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Confidence:
+    """How likely an untried layout beats the best measured one by more than the noise."""
+
+    probability: float
+    best_id: str | None
+    noise: float
+    untried: int
+    term_scales: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (a study attribute, the report)."""
+        return {"probability": round(self.probability, 4), "best_layout_id": self.best_id,
+                "noise": round(self.noise, 4), "untried": self.untried,
+                "term_scales": {k: round(v, 4) for k, v in self.term_scales.items()}}
 
 
 class Proposer:
@@ -115,20 +188,21 @@ class Proposer:
         values = evaluate(cfg, feasible, constants)
         self.parts = MemoryParts.from_values(values, feasible.recompute)
         self._fit_cache: tuple[int, Constants, np.ndarray] = (
-            0, constants, np.log(values["tokens_per_s"])
+            0, constants, term_seconds(values["time"])
         )
 
     # --- what the trials say -----------------------------------------------------------------
 
     def fitted(self, ok: Sequence[Outcome]) -> tuple[Constants, np.ndarray]:
-        """Constants refitted to the ok trials and log tokens/s of every feasible row."""
+        """Constants refitted to the ok trials and the term seconds (`term_seconds`) of every
+        feasible row under them."""
         if self._fit_cache[0] != len(ok):
             k = self.base
             if ok:
                 k = fit_trials(self.cfg, [o.layout for o in ok],
                                [float(o.step_time_s or 0.0) for o in ok], self.base)
-            rates = evaluate(self.cfg, self.feasible, k)["tokens_per_s"]
-            self._fit_cache = (len(ok), k, np.log(rates))
+            terms = term_seconds(evaluate(self.cfg, self.feasible, k)["time"])
+            self._fit_cache = (len(ok), k, terms)
         return self._fit_cache[1], self._fit_cache[2]
 
     def memory(self, outcomes: Sequence[Outcome]) -> MemoryFit:
@@ -142,20 +216,38 @@ class Proposer:
         peak = np.array([o.peak_bytes or np.nan for o in outcomes], dtype=float)
         return fit_memory(self.cfg, self.base, parts, status, peak)
 
-    def scores(self, outcomes: Sequence[Outcome]) -> tuple[np.ndarray, np.ndarray]:
-        """Expected log tokens/s of every row (refit + residuals) and its σ."""
+    def belief(self, outcomes: Sequence[Outcome]) -> Belief:
+        """Mean and σ of every row's log tokens/s: constants fit, term scales, residuals."""
         ok = [o for o in outcomes if o.status == "ok" and o.step_time_s]
-        k, log_rate = self.fitted(ok)
+        k, terms = self.fitted(ok)
+        tokens = float(self.cfg.train.tokens_per_step)
+        noise = max([MIN_NOISE, *(o.spread or 0.0 for o in ok)]) if ok else MIN_NOISE
         if not ok:
-            mean, sd = fit_residuals(self.x[:0], np.zeros(0), np.zeros(0)).predict(self.x)
-            return log_rate - mean, sd
-        table = LayoutTable.from_layouts([o.layout for o in ok])
-        modelled = evaluate(self.cfg, table, k)["step_time_s"]
-        residual = np.log(np.array([o.step_time_s for o in ok]) / modelled)
-        noise = np.array([o.spread or 0.0 for o in ok])
-        process = fit_residuals(features(table), residual, noise)
-        mean, sd = process.predict(self.x)
-        return log_rate - mean, sd
+            process = fit_residuals(self.x[:0], np.zeros(0), np.zeros(0))
+            scales = prior_fit()
+            best, best_id = -np.inf, None
+        else:
+            table = LayoutTable.from_layouts([o.layout for o in ok])
+            trial_terms = term_seconds(evaluate(self.cfg, table, k)["time"])
+            steps = np.array([o.step_time_s for o in ok], dtype=float)
+            scales = fit_terms(trial_terms, steps, breakdown_seconds([o.breakdown for o in ok]))
+            residual = np.log(steps / scales.step_s(trial_terms))
+            spread = np.array([o.spread or 0.0 for o in ok])
+            process = fit_residuals(features(table), residual, spread)
+            runs: dict[str, list[float]] = {}
+            for o, step in zip(ok, steps, strict=True):
+                runs.setdefault(o.layout.id, []).append(float(np.log(tokens / step)))
+            best_id, best = max(((i, float(np.mean(v))) for i, v in runs.items()),
+                                key=lambda pair: pair[1])
+        gp_mean, gp_sd = process.predict(self.x)
+        mean = np.log(tokens / scales.step_s(terms)) - gp_mean
+        sd = np.hypot(gp_sd, scales.log_step_sd(terms))
+        return Belief(mean, sd, k, scales, process, best, best_id, noise)
+
+    def scores(self, outcomes: Sequence[Outcome]) -> tuple[np.ndarray, np.ndarray]:
+        """Expected log tokens/s of every row and its σ (`belief`)."""
+        b = self.belief(outcomes)
+        return b.mean, b.sd
 
     # --- the choice --------------------------------------------------------------------------
 
@@ -180,7 +272,10 @@ class Proposer:
                 open_rows[self.index[layout_id]] = False
         repeats = [i for i in repeats if self.rows[i].id not in pending]
         memory = self.memory(outcomes)
-        allowed = open_rows & memory.fits(self.parts)
+        cautious = len(outcomes) + len(pending) < self.warm_start
+        allowed = open_rows & memory.fits(self.parts, cautious=cautious)
+        if cautious and not allowed.any():
+            allowed = open_rows & memory.fits(self.parts)
         if not allowed.any():  # nothing with a margin: what is expected to fit at all
             allowed = open_rows & memory.fits(self.parts, z=0.0)
         return allowed, memory, repeats
@@ -193,45 +288,89 @@ class Proposer:
     def propose(self, outcomes: Sequence[Outcome], pending: Sequence[str]) -> Proposal | None:
         """The next layout to measure, or None when nothing is left."""
         allowed, memory, repeats = self.candidates(outcomes, pending)
-        mean, sd = self.scores(outcomes)
+        b = self.belief(outcomes)
+        mean, sd = b.mean, b.sd
         need, _ = memory.need(self.parts)
         if repeats:
             i = max(repeats, key=lambda r: mean[r])
             return self._proposal(i, "repeat", mean, need, memory)
         if not allowed.any():
             return None
+        turn = len(outcomes) + len(pending)
         ucb = np.where(allowed, mean + BETA * sd, -np.inf)
         # an OOM says nothing about speed: its family stays fresh (at a smaller need now)
         measured = {self.family[self.index[o.layout.id]] for o in outcomes
                     if o.layout.id in self.index and o.status != "oom"}
         fresh = allowed & ~np.isin(self.family, list(measured))
-        families_tried = len(measured)
-        if families_tried < self.warm_start and fresh.any():
-            return self._proposal(self._warm(fresh, ucb, outcomes), "warm-start", mean, need,
-                                  memory)
-        turn = len(outcomes) + len(pending)
+        if len(measured) < self.warm_start and fresh.any():
+            i = self._warm(fresh, ucb, outcomes, b.noise, turn)
+            return self._proposal(i, "warm-start", mean, need, memory)
+        gain = improvement(mean, sd, b.best + b.noise)
+        overlapping = fresh & (mean + Z_OVERLAP * sd > b.best + b.noise)
+        plausible = fresh & (mean + Z_EXPLORE * sd > b.best) & (gain > 0)
         if self.explore_every and turn % self.explore_every == self.explore_every - 1 and \
-                fresh.any():
-            return self._proposal(self._explore(fresh, ucb, turn), "explore", mean, need, memory)
-        return self._proposal(int(np.argmax(ucb)), "model", mean, need, memory)
+                plausible.any():
+            i = self._explore(plausible, gain, turn)
+            return self._proposal(i, "explore", mean, need, memory)
+        if overlapping.any():
+            i = self._pick(np.where(overlapping, gain, -np.inf), gain_tie(gain, overlapping),
+                           turn)
+            return self._proposal(i, "family", mean, need, memory)
+        i = self._pick(np.where(allowed, gain, -np.inf), gain_tie(gain, allowed), turn)
+        return self._proposal(i, "model", mean, need, memory)
 
-    def _warm(self, fresh: np.ndarray, ucb: np.ndarray, outcomes: Sequence[Outcome]) -> int:
-        """The best bound among new families, plus NOVELTY for each of its tp·pp·cp, recompute
-        and ZeRO family that no trial measured yet."""
+    def confidence(self, outcomes: Sequence[Outcome], pending: Sequence[str] = ()
+                   ) -> Confidence:
+        """The probability that an untried layout (expected to fit) beats the best measured
+        one by more than the noise: draws of the term scales' posterior and, jointly over the
+        `CONFIDENCE_ROWS` likeliest rows, of the residual process (seeded)."""
+        allowed, _, _ = self.candidates(outcomes, pending)
+        b = self.belief(outcomes)
+        scales = b.terms.scales()
+        if not np.isfinite(b.best) or not allowed.any():
+            p = 1.0 if not np.isfinite(b.best) else 0.0
+            return Confidence(p, b.best_id, b.noise, int(allowed.sum()), scales)
+        target = b.best + b.noise
+        z = np.where(allowed, (b.mean - target) / np.maximum(b.sd, 1e-9), -np.inf)
+        rows = np.argsort(-z)[: min(CONFIDENCE_ROWS, int(allowed.sum()))]
+        _, terms = self.fitted([o for o in outcomes if o.status == "ok" and o.step_time_s])
+        rng = np.random.default_rng([self.seed or 0, len(outcomes)])
+        log_step = b.terms.draws(terms[rows], CONFIDENCE_DRAWS, rng)
+        gp_mean, _ = b.process.predict(self.x[rows])
+        cov = b.process.covariance(self.x[rows]) + 1e-10 * np.eye(len(rows))
+        gp = rng.multivariate_normal(gp_mean, cov, size=CONFIDENCE_DRAWS, method="eigh")
+        rate = np.log(float(self.cfg.train.tokens_per_step)) - log_step - gp
+        p = float(np.mean(rate.max(axis=1) > target))
+        return Confidence(p, b.best_id, b.noise, int(allowed.sum()), scales)
+
+    def _pick(self, scores: np.ndarray, tie: float, turn: int) -> int:
+        """The best score; rows within `tie` of it are one choice: seed 0 takes the best, any
+        other seed draws among them."""
+        top = float(np.max(scores))
+        tied = np.flatnonzero(scores >= top - tie)
+        if len(tied) == 1 or not self.seed:  # seed 0 (the default): the model's favourite
+            return int(np.argmax(scores))
+        rng = np.random.default_rng([self.seed or 0, turn])
+        return int(rng.choice(tied))
+
+    def _warm(self, fresh: np.ndarray, ucb: np.ndarray, outcomes: Sequence[Outcome],
+              noise: float, turn: int) -> int:
+        """The best bound among new families, plus NOVELTY for each of its tp·pp·cp·ep,
+        recompute and ZeRO family that no trial measured yet (ties within the noise: seeded)."""
         seen = [self.structure[self.index[o.layout.id]] for o in outcomes
                 if o.layout.id in self.index and o.status != "oom"]
         novelty = np.zeros(len(self.rows))
         for factor in range(self.structure.shape[1]):
             known = {int(s[factor]) for s in seen}
             novelty += ~np.isin(self.structure[:, factor], list(known))
-        return int(np.argmax(np.where(fresh, ucb + NOVELTY * novelty, -np.inf)))
+        return self._pick(np.where(fresh, ucb + NOVELTY * novelty, -np.inf), TIE * noise, turn)
 
-    def _explore(self, fresh: np.ndarray, ucb: np.ndarray, turn: int) -> int:
-        """A seeded draw of an unmeasured family (by its best bound), then its best row."""
-        scores = np.where(fresh, ucb, -np.inf)
-        families = np.unique(self.family[fresh])
-        best = np.array([scores[self.family == f].max() for f in families])
-        weights = np.exp((best - best.max()) / EXPLORE_TEMPERATURE)
+    def _explore(self, fresh: np.ndarray, gain: np.ndarray, turn: int) -> int:
+        """A seeded draw of an unmeasured family (weights: its best expected improvement),
+        then its best row."""
+        scores = np.where(fresh, gain, 0.0)
+        families = np.unique(self.family[fresh & (gain > 0)])
+        weights = np.array([scores[self.family == f].max() for f in families])
         rng = np.random.default_rng([self.seed or 0, turn])
         family = rng.choice(families, p=weights / weights.sum())
         return int(np.argmax(np.where(self.family == family, scores, -np.inf)))
@@ -239,3 +378,18 @@ class Proposer:
     def _proposal(self, i: int, reason: str, mean: np.ndarray, need: np.ndarray,
                   memory: MemoryFit) -> Proposal:
         return Proposal(self.rows[i], reason, float(np.exp(mean[i])), float(need[i]), memory)
+
+
+def improvement(mean: np.ndarray, sd: np.ndarray, target: float) -> np.ndarray:
+    """Expected improvement of log throughput over `target` (the mean above it where σ is 0;
+    before any trial, when the target is -inf, the mean itself ranks)."""
+    if not np.isfinite(target):
+        return np.asarray(np.exp(mean - np.max(mean)), float)
+    sd = np.maximum(sd, 1e-9)
+    z = (mean - target) / sd
+    return np.asarray(sd * norm.pdf(z) + (mean - target) * norm.cdf(z), float)
+
+
+def gain_tie(gain: np.ndarray, mask: np.ndarray) -> float:
+    """Expected improvements within `TIE_GAIN` of the best one's count as tied."""
+    return TIE_GAIN * float(np.max(np.where(mask, gain, 0.0)))

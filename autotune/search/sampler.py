@@ -30,6 +30,7 @@ from optuna.trial import TrialState
 from autotune.exceptions import AutotuneError
 from autotune.layout import SEARCH_DIMS
 from autotune.layout import Layout
+from autotune.search.proposal import Confidence
 from autotune.search.proposal import Outcome
 from autotune.search.proposal import Proposer
 from autotune.space.search_space import AUTO
@@ -84,9 +85,17 @@ def outcomes(trials: Sequence[FrozenTrial]) -> list[Outcome]:
                 attrs.get("measured_step_time_s"),
                 attrs.get("measured_peak_memory_bytes"),
                 attrs.get("measured_step_time_spread"),
+                _breakdown(attrs.get("breakdown")),
             )
         )
     return result
+
+
+def _breakdown(value: Any) -> dict[str, float] | None:
+    """A trial's measured seconds per step-time part, if its runner recorded them (a dict)."""
+    if not isinstance(value, dict):
+        return None
+    return {str(k): float(v) for k, v in value.items() if isinstance(v, (int, float))}
 
 
 def pending(trials: Sequence[FrozenTrial], number: int) -> list[str]:
@@ -156,6 +165,12 @@ class ModelGuidedSampler(BaseSampler):
         """Trials left to run: enqueued ones, repeats owed and untried layouts expected to fit."""
         waiting = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
         return waiting + self._proposer.remaining(*self._state(study, -1))
+
+    def confidence(self, study: Study) -> Confidence:
+        """How likely an untried layout beats the best measured one by more than the noise
+        (`Proposer.confidence`)."""
+        with self._lock:
+            return self._proposer.confidence(*self._state(study, -1))
 
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial

@@ -48,3 +48,8 @@ class TuneSettings(BaseModel):
     the measured noise)."""
     render: StrictBool = True
     """Render the configs of the best layouts when the study ends."""
+    stop_when_confident: StrictBool = False
+    """Stop early once an untried layout beats the best measured one by more than the noise
+    with probability below --confidence (after the warm start and 3 trials)."""
+    confidence: Annotated[FiniteFloat, Field(gt=0, lt=1)] = 0.05
+    """The probability --stop-when-confident stops at."""

@@ -53,6 +53,8 @@ from autotune.specs import AutotuneConfig
 from autotune.trial import TrialPipeline
 
 log = logging.getLogger(__name__)
+MIN_CONFIDENT_TRIALS = 3
+"""`stop_when_confident` never stops before this many trials (nor before the warm start)."""
 INPUTS_ATTR = "autotune_inputs"
 CARRIED_ATTRS = ("slurm_job_id", "slurm_trial_dir")
 """User attributes a retried trial keeps (heartbeat retries keep them all): the job of the
@@ -82,6 +84,10 @@ class TuneResult:
     out_dir: Path
     records: list[dict[str, Any]]
     artifacts: dict[str, Path]
+    confidence: dict[str, Any] | None = None
+    """How sure the search is of its winner (`autotune.search.proposal.Confidence.to_dict`):
+    the probability that an untried layout beats it by more than the noise, the fitted term
+    scales; None when nothing ran."""
 
     @property
     def ranked(self) -> list[dict[str, Any]]:
@@ -329,10 +335,16 @@ def _fail_stale(study: optuna.Study) -> None:
 
 class _StopAfter:
     """Stop once `n` trials ran (rule rejections and reused duplicates do not count), the
-    sampler has nothing left to propose, or `cap` trials exist."""
+    sampler has nothing left to propose, or `cap` trials exist; with `confident_below`, also
+    once `confidence` (the chance an untried layout beats the best) falls below it, after at
+    least `least` trials ran."""
 
-    def __init__(self, n: int, remaining: Callable[[optuna.Study], int], cap: int) -> None:
+    def __init__(self, n: int, remaining: Callable[[optuna.Study], int], cap: int,
+                 confidence: Callable[[optuna.Study], float] | None = None,
+                 confident_below: float | None = None, least: int = 1) -> None:
         self.n, self.remaining, self.cap = n, remaining, cap
+        self.confidence, self.confident_below, self.least = confidence, confident_below, least
+        self.stopped_confident: float | None = None
 
     def ran(self, study: optuna.Study) -> int:
         done = study.get_trials(deepcopy=False, states=FINISHED)
@@ -340,7 +352,17 @@ class _StopAfter:
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
         trials = study.get_trials(deepcopy=False)
-        if self.ran(study) >= self.n or len(trials) >= self.cap or not self.remaining(study):
+        ran = self.ran(study)
+        if ran >= self.n or len(trials) >= self.cap or not self.remaining(study):
+            study.stop()
+            return
+        if self.confident_below is None or self.confidence is None or ran < self.least:
+            return
+        p = self.confidence(study)
+        if p < self.confident_below:
+            log.info("stopping after %d trials: an untried layout beats the best by more than "
+                     "the noise with probability %.3f (< %g)", ran, p, self.confident_below)
+            self.stopped_confident = p
             study.stop()
 
 
@@ -389,7 +411,11 @@ def tune(
         if recovered:
             log.info("re-enqueued %d trial(s) left running by an interrupted worker", recovered)
     stop = _StopAfter(options.trials, sampler.remaining,
-                      cap=options.trials * 20 + options.warm_start)
+                      cap=options.trials * 20 + options.warm_start,
+                      confidence=lambda s: sampler.confidence(s).probability,
+                      confident_below=options.confidence if options.stop_when_confident
+                      else None,
+                      least=max(options.warm_start, MIN_CONFIDENT_TRIALS))
     callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = [stop]
     if on_trial is not None:
         callbacks.append(on_trial)
@@ -412,7 +438,12 @@ def tune(
     finally:
         runner.cleanup()
     records = trial_records(study)
-    result = TuneResult(name, url, out_dir, records, {})
+    sure = sampler.confidence(study) if any(r.get("ran") for r in records) else None
+    confidence = None if sure is None else {
+        **sure.to_dict(), "stopped_early": stop.stopped_confident is not None}
+    if confidence is not None:
+        study.set_user_attr("confidence", confidence)
+    result = TuneResult(name, url, out_dir, records, {}, confidence)
     if not options.render:
         return result
     return dataclasses.replace(result, artifacts=render_winners(cfg, result, options.top_k))

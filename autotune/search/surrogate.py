@@ -71,6 +71,15 @@ class Residuals:
         var = self.sd**2 - (solved * solved).sum(0)
         return mean, np.sqrt(np.maximum(var, 0.0))
 
+    def covariance(self, x: np.ndarray) -> np.ndarray:
+        """Posterior covariance of the log residuals at kernel inputs `x` (joint draws)."""
+        prior: np.ndarray = self.sd**2 * _kernel(x, x)
+        if not len(self.x):
+            return prior
+        solved = np.linalg.solve(self.factor, self.sd**2 * _kernel(x, self.x).T)
+        posterior: np.ndarray = prior - solved.T @ solved
+        return posterior
+
 
 def fit_residuals(x: np.ndarray, residual: np.ndarray, noise: np.ndarray) -> Residuals:
     """Fit to observed kernel inputs `x`, log residuals and relative measurement noise."""

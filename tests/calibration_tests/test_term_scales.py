@@ -1,0 +1,86 @@
+"""Term scales: which term of the step time is wrong, from trials (hand-worked oracles)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotune.calibration.term_scales import TERM_PRIOR_SD
+from autotune.calibration.term_scales import TERMS
+from autotune.calibration.term_scales import breakdown_seconds
+from autotune.calibration.term_scales import fit_terms
+from autotune.calibration.term_scales import term_seconds
+
+NAMES = list(TERMS)
+COMPUTE, PIPELINE, ZERO3 = (NAMES.index(n) for n in ("compute", "pipeline", "zero3_gather"))
+
+
+def _terms(rows: list[dict[str, float]]) -> np.ndarray:
+    out = np.zeros((len(rows), len(TERMS)))
+    for i, row in enumerate(rows):
+        for name, seconds in row.items():
+            out[i, NAMES.index(name)] = seconds
+    return out
+
+
+def test_term_seconds_sums_the_parts_of_each_term() -> None:
+    """Oracle: the grouping restated by hand: compute = compute + optimizer, pipeline =
+    bubble + p2p."""
+    parts = {p: np.array([0.0]) for names in TERMS.values() for p in names}
+    parts.update(compute=np.array([2.0]), optimizer=np.array([0.5]),
+                 pp_bubble=np.array([0.3]), pp_p2p=np.array([0.1]))
+    seconds = term_seconds(parts)
+    assert seconds[0, COMPUTE] == pytest.approx(2.5)
+    assert seconds[0, PIPELINE] == pytest.approx(0.4)
+    assert seconds.sum() == pytest.approx(2.9)
+
+
+def test_trials_that_differ_in_one_term_find_that_term() -> None:
+    """Oracle: worked by hand. Three trials: compute 1 s each, pipeline 0, 0.2 and 0.4 s
+    modelled; the truth runs the pipeline 1.5x slower (measured 1.0, 1.3, 1.6 s). Only the
+    pipeline scale explains the slope: it comes out near 1.5 and compute near 1 (one global
+    factor cannot fit 1.0, 1.3 and 1.6 at once)."""
+    terms = _terms([{"compute": 1.0}, {"compute": 1.0, "pipeline": 0.2},
+                    {"compute": 1.0, "pipeline": 0.4}])
+    fit = fit_terms(terms, np.array([1.0, 1.3, 1.6]))
+    scales = fit.scales()
+    assert scales["pipeline"] == pytest.approx(1.5, rel=0.05)
+    assert scales["compute"] == pytest.approx(1.0, abs=0.02)
+    # a term no trial has keeps its prior: scale 1, σ TERM_PRIOR_SD
+    assert scales["zero3_gather"] == pytest.approx(1.0)
+    assert fit.sd()["zero3_gather"] == pytest.approx(TERM_PRIOR_SD, rel=1e-3)
+    assert fit.sd()["pipeline"] < 0.2 * TERM_PRIOR_SD
+    # an untried layout with a large ZeRO-3 share is uncertain by that share (delta method)
+    untried = _terms([{"compute": 1.0, "zero3_gather": 1.0}])
+    assert fit.log_step_sd(untried)[0] == pytest.approx(0.5 * TERM_PRIOR_SD, rel=0.05)
+
+
+def test_a_measured_breakdown_names_the_term_from_one_trial() -> None:
+    """Oracle: worked by hand. One trial, modelled 1 s compute + 0.5 s ZeRO-3 gathers,
+    measured 2.5 s with a breakdown of 1 s compute and 1.5 s gathers: the gathers' scale is 3
+    and compute's 1 (the total alone could not tell the two apart)."""
+    terms = _terms([{"compute": 1.0, "zero3_gather": 0.5}])
+    breakdown = breakdown_seconds([{"compute": 1.0, "zero3_gather": 1.5}])
+    fit = fit_terms(terms, np.array([2.5]), breakdown)
+    assert fit.scales()["zero3_gather"] == pytest.approx(3.0, rel=0.03)
+    assert fit.scales()["compute"] == pytest.approx(1.0, abs=0.03)
+    without = fit_terms(terms, np.array([2.5])).scales()
+    assert without["compute"] > 1.2, "without a breakdown the total spreads over both terms"
+
+
+def test_breakdown_seconds_skips_trials_without_one() -> None:
+    """Oracle: by hand: nan where a trial has no breakdown or none of a term's parts."""
+    seconds = breakdown_seconds([None, {"pp_bubble": 0.2, "pp_p2p": 0.1, "other": 9.0}])
+    assert np.isnan(seconds[0]).all()
+    assert seconds[1, PIPELINE] == pytest.approx(0.3)
+    assert np.isnan(seconds[1, COMPUTE]) and np.isnan(seconds[1, ZERO3])
+
+
+def test_draws_follow_the_posterior() -> None:
+    """Oracle: the delta-method σ the fit reports; 4,000 draws of a row's log step time have
+    that standard deviation within 10 %."""
+    terms = _terms([{"compute": 1.0}, {"compute": 1.0, "pipeline": 0.3}])
+    fit = fit_terms(terms, np.array([1.02, 1.5]))
+    row = _terms([{"compute": 1.0, "pipeline": 0.3, "dp_comm": 0.5}])
+    draws = fit.draws(row, 4000, np.random.default_rng(0))
+    assert draws.std() == pytest.approx(fit.log_step_sd(row)[0], rel=0.1)
