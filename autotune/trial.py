@@ -83,7 +83,7 @@ class TrialPipeline:
         """Predict, render (when the runner reads configs) and run one layout that passed the
         rules; the runner's failures come back as the measurement's status, never raised (a
         runner that raises makes a `crash`, and a measurement that is not one — NaN, zero,
-        negative figures — is a `crash` with the reason: `autotune.runners.base.validated`)."""
+        negative figures — is a `crash` with the reason: `autotune.measurement.validated`)."""
         prediction = estimate(self.cfg, layout, self.constants)
         artifacts: dict[str, Path] = {}
         if self.runner.needs_artifacts:

@@ -1,8 +1,8 @@
 """A GPU cluster that autotune's model does not know: step time and memory from other formulas.
 
 Written without `autotune.costmodel.step_time`, `autotune.costmodel.memory`,
-`autotune.costmodel.estimate`, `autotune.costmodel.flops` or
-`autotune.stages`: only the inputs (model, cluster, layout) are shared. Each seed draws one
+`autotune.costmodel.estimate` or `autotune.costmodel.flops`:
+only the inputs (model, cluster, layout) are shared. Each seed draws one
 hidden cluster (kernel efficiencies, NCCL constants, overlap, allocator behaviour). Functional
 forms, from the literature:
 

@@ -1,4 +1,4 @@
-"""Megatron-LM flags and megatron-core kwargs for a ModelSpec (autotune/megatron_model.py)."""
+"""Megatron-LM flags and megatron-core kwargs for a ModelSpec (frameworks/megatron/model.py)."""
 
 from __future__ import annotations
 
