@@ -8,8 +8,11 @@ import dataclasses
 import math
 from typing import Any
 
-STATUSES = ("ok", "oom", "nccl_timeout", "hang", "timeout", "nan", "rejected", "crash", "pruned")
-"""Every outcome a trial can have: ok, or the class of its failure."""
+STATUSES = ("ok", "oom", "nccl_timeout", "hang", "timeout", "nan", "rejected", "crash", "pruned",
+            "invalid")
+"""Every outcome a trial can have: ok, or the class of its failure (`invalid`: it ran, but the
+framework did not run the layout or the figures cannot be physical; see
+`autotune.runners.validity`)."""
 
 
 @dataclasses.dataclass(frozen=True)

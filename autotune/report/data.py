@@ -35,7 +35,8 @@ from autotune.specs.inputs import validation_message
 
 RUN_JSON = "run.json"
 SUMMARY_SCHEMA = "autotune.report/1"
-FAILED = ("oom", "nccl_timeout", "hang", "timeout", "nan", "rejected", "crash", "pruned")
+FAILED = ("oom", "nccl_timeout", "hang", "timeout", "nan", "rejected", "crash", "pruned",
+          "invalid")
 """Statuses of trials that ran but did not measure a throughput."""
 TRIAL_COLUMNS = (
     "number", "state", "status", "layout", "layout_id", "tp", "pp", "dp", "cp", "vpp", "zero",
