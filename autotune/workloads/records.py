@@ -270,6 +270,8 @@ class TrialRecords:
                 str(k): v for k, v in logged.get("peak_memory_by_rank", {}).items()}
             if logged.get("tflops_per_gpu") is not None:
                 extra["framework_tflops_per_gpu"] = logged["tflops_per_gpu"]
+            if logged.get("breakdown"):
+                extra["breakdown"] = logged["breakdown"]
         loss = steady[-1].get("loss")
         if loss is not None:
             extra["final_loss"] = float(loss)
