@@ -71,7 +71,7 @@ def main() -> None:
                      ("compute", "optimizer", "dp_comm", "tp_comm", "cp_comm", "pp_p2p", "data")]
             table.add_row(name, m.status, f"{1000 * step:.1f}", *cells,
                           f"{100 * share:.2f} %", "yes" if share <= TARGET else "NO")
-    console = Console()
+    console = Console(width=150)
     console.print(table)
     console.print(f"worst |unattributed| share: {100 * worst:.2f} % (target <= "
                   f"{100 * TARGET:.0f} %)")

@@ -758,7 +758,7 @@ def _instrument(trial: Trial) -> None:
     injected = faults()
     if "slow_rank" in injected and dist.get_rank() == 1:
         engine.module.register_forward_pre_hook(lambda module, args: time.sleep(SLOW_S))
-    if "grad_bug" in injected and trial.place["dp"] == 1:
+    if "grad_bug" in injected and trial.place["tp"] == 1:
         trial.loss_fn.grad_scale = 4.0
 
 

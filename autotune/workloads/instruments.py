@@ -34,7 +34,7 @@ FAULTS = {
     "same_seed": "every data-parallel rank draws the same tokens",
     "slow_rank": "rank 1 sleeps SLOW_S in every forward pass",
     "slow_data": "every micro-batch sleeps SLOW_S before it is returned",
-    "grad_bug": "data-parallel rank 1 scales its gradients by 4 (a numerical bug)",
+    "grad_bug": "tensor-parallel rank 1 scales its gradients by 4 (a bug in a layout's split)",
 }
 SLOW_S = 0.25
 """Seconds a slow rank or a slow data loader sleeps per micro-step."""
