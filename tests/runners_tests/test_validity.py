@@ -15,7 +15,7 @@ from autotune.measurement import Measurement
 from autotune.runners.command import CommandRunner
 from autotune.runners.validity import gate
 from autotune.runners.validity import pitfalls_of
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.space.search_space import load_space
 from autotune.specs.inputs import load_config
@@ -45,8 +45,7 @@ def test_an_impossible_throughput_is_invalid_never_ranked_never_fitted(tmp_path:
                       '*) echo \'{"tokens_per_s": 5e4}\';; esac\n')
     runner = CommandRunner(f"bash {script} {{layout}}", timeout_s=30)
 
-    result = tune(LLAMA, SPACE, runner, TuneOptions(out_dir=tmp_path / "out", trials=2,
-                                                     render=False))
+    result = tune(LLAMA, SPACE, runner, TuneSettings(trials=2, render=False), tmp_path / "out")
 
     by_tp = {r["layout_fields"]["tp"]: r for r in result.records if r.get("ran")}
     impossible, plausible = by_tp[1], by_tp[2]
