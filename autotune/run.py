@@ -58,6 +58,7 @@ if TYPE_CHECKING:  # heavy modules (Optuna, matplotlib) load when a run starts
     from autotune.calibration.refit import RefitReport
     from autotune.scaling import ScalingResult
     from autotune.search.study import TuneResult
+    from autotune.verify import VerifyResult
 
 
 GpuCount = Annotated[Integer, Field(ge=1), at_most(2**26, "65,536 nodes of 1,024 devices")]
@@ -248,6 +249,8 @@ class TuneOutcome:
     """The winner's sweep, with `config.scale`."""
     reports: dict[str, Path]
     """report.md, report.html, summary.json, ... by name."""
+    verified: VerifyResult | None = None
+    """The winner's loss curve against pure data parallelism, with `tune.verify`."""
 
     @property
     def ranked(self) -> list[dict[str, Any]]:
@@ -305,6 +308,9 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
     settings = config.tune
     if config.runner.name == "local" and settings.jobs > 1:
         raise AutotuneError("--jobs: local trials share this machine's GPUs or cores; use 1")
+    if settings.verify and config.runner.name not in ("local", "slurm"):
+        raise AutotuneError(f"--verify: compares loss curves, so it needs --runner local or "
+                            f"slurm (got --runner {config.runner.name})")
     runner = config.runner.build(resume=settings.resume)
     out = prepare_out(config.out)
     write_run_json(
@@ -322,11 +328,16 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
         best = Layout(**result.ranked[0]["layout_fields"])
         gpus = default_gpus(cfg, best, config.scale.gpus)
         scaled = sweep(cfg, best, gpus, config.scale.mode, runner, out)
+    verified = None
+    if settings.verify and result.ranked:
+        from autotune.verify import verify
+
+        verified = verify(cfg, Layout(**result.ranked[0]["layout_fields"]), runner, out)
     reports = write_report(out, records=result.records, config=cfg.model_dump(mode="json"))
     refit = None
     if config.runner.name != "simulate":
         refit = refit_study(cfg, result.records, space=space)
-    return TuneOutcome(config, result, refit, scaled, reports)
+    return TuneOutcome(config, result, refit, scaled, reports, verified)
 
 
 def scale(config: RunConfig) -> ScaleOutcome:

@@ -211,7 +211,7 @@ _OPTIONS = {
                "launcher": "launcher", "megatron_lm": "megatron_lm", "partition": "partition",
                "account": "account", "time_limit": "time_limit", "slurm_opts": "slurm_opt"},
     "tune": {field: field for field in ("trials", "storage", "study", "resume", "seed", "jobs",
-                                        "top_k", "repeat")},
+                                        "top_k", "repeat", "verify")},
     "scale": {"layout": "layout", "gpus": "gpus", "mode": "mode"},
 }
 """Config section → field → the command's parameter (whose option is --PARAMETER, with dashes)."""
@@ -508,6 +508,9 @@ def tune(
     moe_a2a_overlap: A2AOverlapOpt = None,
     scale_after: Annotated[
         bool, typer.Option("--scale", help="Sweep the winner over cluster sizes.")
+    ] = False,
+    verify: Annotated[
+        bool, typer.Option(help="Compare the winner's loss curve with pure data parallelism.")
     ] = False,
     scale_gpus: Annotated[
         str | None, typer.Option("--scale-gpus", help="GPU counts of the sweep, e.g. 8,16,32.")

@@ -48,3 +48,6 @@ class TuneSettings(BaseModel):
     the measured noise)."""
     render: StrictBool = True
     """Render the configs of the best layouts when the study ends."""
+    verify: StrictBool = False
+    """After the study, train the winner and pure data parallelism with the same data and
+    compare their loss curves (`autotune.verify`; local or slurm runner)."""

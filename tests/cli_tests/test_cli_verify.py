@@ -22,3 +22,9 @@ def test_verify_of_a_study_without_a_measured_trial(tmp_path: Path) -> None:
                "echo '{\"tokens_per_s\": 1e30}' # {layout}", "--trials", "1", "--out", str(out))
     assert done.code == 1, done.err  # the only trial is invalid: no throughput measured
     assert_usage_error(cli("verify", str(out)), "has no trial that measured a throughput")
+
+
+def test_tune_verify_needs_a_training_runner(tmp_path: Path) -> None:
+    assert_usage_error(cli("tune", "-m", "tiny-gpt", "-c", "dgx-h100:1", "--verify",
+                           "--out", str(tmp_path / "out")),
+                       "--verify", "needs --runner local or slurm", "simulate")

@@ -13,6 +13,8 @@ import pytest
 
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
+from autotune.measurement import Measurement
+from autotune.runners.base import TrialPlan
 from autotune.runners.local import LocalRunner
 from autotune.specs.inputs import load_config
 from autotune.trial import TrialPipeline
@@ -90,13 +92,21 @@ def test_unknown_fault_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> No
     assert faults() == {"same_seed"}
 
 
-def _run(tmp_path: Path, layout: Layout, processes: int = 2, *names: str) -> object:
-    cfg = CFG if processes == 2 else load_config(
-        "tiny-gpt", "local", processes=processes, framework="deepspeed", seq_length=64,
-        global_batch_size=8)
+class _OneProcess(LocalRunner):
+    """A launcher fault: torchrun starts one process whatever the layout asks (the real
+    local runner otherwise)."""
+
+    def command(self, plan: TrialPlan) -> list[str]:
+        argv = super().command(plan)
+        argv[argv.index("--nproc_per_node") + 1] = "1"
+        return argv
+
+
+def _run(tmp_path: Path, layout: Layout, *names: str, runner: type[LocalRunner] = LocalRunner
+         ) -> Measurement:
     env = {FAULTS_ENV: ",".join(names)} if names else {}
-    runner = LocalRunner(steps=4, warmup=1, timeout_s=600, env=env)
-    return TrialPipeline(cfg, runner).run(layout, number=0, directory=tmp_path).measurement
+    trials = runner(steps=4, warmup=1, timeout_s=600, env=env)
+    return TrialPipeline(CFG, trials).run(layout, number=0, directory=tmp_path).measurement
 
 
 @pytest.mark.slow
@@ -117,7 +127,7 @@ def test_injected_faults_are_caught_with_their_reason(tmp_path: Path) -> None:
     """One real run with four faults at once: ZeRO configured away, the same data seed on both
     dp ranks, rank 1 sleeping SLOW_S per forward and the loader sleeping SLOW_S per micro-batch
     (2 micro-batches: 0.5 s of data loading per step)."""
-    m = _run(tmp_path, DP2, 2, "zero_ignored", "same_seed", "slow_rank", "slow_data")
+    m = _run(tmp_path, DP2, "zero_ignored", "same_seed", "slow_rank", "slow_data")
     assert m.status == "invalid", m.reason + m.log_tail[-2000:]
     assert "zero ran 0, layout asks 1" in m.reason
     assert "data-parallel ranks [0, 1] trained on identical tokens" in m.reason
@@ -132,6 +142,6 @@ def test_injected_faults_are_caught_with_their_reason(tmp_path: Path) -> None:
 def test_fewer_processes_than_the_layout_asks_is_invalid(tmp_path: Path) -> None:
     """One process started for a dp=2 layout; the faulty program shrinks dp to fit instead of
     refusing, and DeepSpeed's process group says world size 1."""
-    m = _run(tmp_path, DP2, 1, "fit_world")
+    m = _run(tmp_path, DP2, "fit_world", runner=_OneProcess)
     assert m.status == "invalid", m.reason + m.log_tail[-2000:]
     assert "world_size ran 1, layout asks 2; dp ran 1, layout asks 2" in m.reason
