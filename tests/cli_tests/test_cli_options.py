@@ -23,12 +23,13 @@ PINNED = {
     "render": sorted([*PROBLEM, "--layout", "--out", "-l"]),
     "tune": sorted([*PROBLEM, *RUNNER, "--jobs", "--json", "--no-resume", "--out", "--repeat",
                     "--resume", "--scale", "--scale-gpus", "--scale-mode", "--space", "--storage",
-                    "--study", "--top-k", "--trials"]),
+                    "--study", "--top-k", "--trials", "--verify", "--no-verify"]),
     "scale": sorted([*PROBLEM, *RUNNER, "--gpus", "--json", "--layout", "--mode", "--out", "-l"]),
     "report": ["--out"],
     "compare": ["--out"],
+    "verify": ["--launcher", "--runner", "--steps", "--timeout"],
 }
-ARGUMENTS = {"report": ["directory"], "compare": ["dirs"]}
+ARGUMENTS = {"report": ["directory"], "compare": ["dirs"], "verify": ["directory"]}
 
 
 def _options(command: typer.core.TyperCommand) -> list[str]:
