@@ -46,9 +46,6 @@ from autotune.workloads.records import read_tail
 
 LAUNCHERS = ("torchrun", "deepspeed")
 """How the built-in workloads are launched."""
-REPORTED = ("ran", "breakdown", "ranks")
-"""Summary fields of the built-in workloads a measurement carries (`autotune.runners.validity`
-reads them)."""
 
 
 def free_port() -> int:
@@ -300,8 +297,6 @@ class LocalRunner(Runner):
                 peak_memory_bytes=records.peak_memory_bytes(),
                 extra=extra,
             )
-        # what the program read back and measured per part and per rank, for the validity gate
-        extra.update({k: reported[k] for k in REPORTED if reported and k in reported})
         figures = records.figures(plan.layout, extra)
         if figures is None:
             return Measurement(

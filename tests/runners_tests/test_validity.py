@@ -125,3 +125,13 @@ def test_a_slow_rank_and_a_stalling_loader_are_pitfalls_with_their_fix() -> None
 def test_failures_pass_through() -> None:
     oom = Measurement("oom", reason="CUDA out of memory")
     assert gate(DP2_CFG, DP2, oom) is oom
+
+
+def test_a_measured_cpu_peak_has_slack() -> None:
+    """The CPU stand-in's peak is a 0.1 s single-core timing: 5x above it passes, 11x is
+    impossible (bound 10x)."""
+    cpu = load_config("tiny-gpt", "local", processes=2, framework="deepspeed")
+    peak = cpu.cluster.gpu.peak_tflops[cpu.train.precision]
+    for factor, status in ((5.0, "ok"), (11.0, "invalid")):
+        m = Measurement("ok", step_time_s=1.0, tokens_per_s=1.0, tflops_per_gpu=factor * peak)
+        assert gate(cpu, Layout(dp=2), m).status == status
