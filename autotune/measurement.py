@@ -26,6 +26,9 @@ class Status(enum.StrEnum):
     CRASH = "crash"
     PRUNED = "pruned"
     """Stopped early: its throughput trailed the best beyond the noise."""
+    INVALID = "invalid"
+    """It ran, but the framework did not run the layout or the figures cannot be physical
+    (`autotune.runners.validity`): never a measurement."""
     INFEASIBLE = "infeasible"
     """Never ran: a named rule removes the layout (a queued or resumed trial)."""
     DUPLICATE = "duplicate"

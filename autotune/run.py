@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # heavy modules (Optuna, matplotlib) load when a run starts
     from autotune.scaling import ScalingResult
     from autotune.search.refit import RefitReport
     from autotune.search.study import TuneResult
+    from autotune.verify import VerifyResult
 
 
 GpuCount = Annotated[Integer, Field(ge=1), at_most(2**26, "65,536 nodes of 1,024 devices")]
@@ -231,6 +232,8 @@ class TuneOutcome:
     """The winner's sweep, with `config.scale`."""
     reports: dict[str, Path]
     """report.md, report.html, summary.json, ... by name."""
+    verified: VerifyResult | None = None
+    """The winner's loss curve against pure data parallelism, with `tune.verify`."""
 
     @property
     def ranked(self) -> list[dict[str, Any]]:
@@ -288,6 +291,9 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
     settings = config.tune
     if config.runner.name == "local" and settings.jobs > 1:
         raise AutotuneError("--jobs: local trials share this machine's GPUs or cores; use 1")
+    if settings.verify and config.runner.name not in ("local", "slurm"):
+        raise AutotuneError(f"--verify: compares loss curves, so it needs --runner local or "
+                            f"slurm (got --runner {config.runner.name})")
     runner = config.runner.build(resume=settings.resume)
     out = prepare_out(config.out)
     write_run_json(
@@ -306,12 +312,17 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
         best = layout_of(result.ranked[0])
         gpus = default_gpus(cfg, best, config.scale.gpus)
         scaled = sweep(cfg, best, gpus, config.scale.mode, runner, out)
+    verified = None
+    if settings.verify and result.ranked:
+        from autotune.verify import verify
+
+        verified = verify(cfg, layout_of(result.ranked[0]), runner, out)
     reports = write_report(out, records=result.records, config=cfg.model_dump(mode="json"),
                            confidence=result.confidence)
     refit = None
     if config.runner.name != "simulate":
         refit = refit_study(cfg, result.records, space=space)
-    return TuneOutcome(config, result, refit, scaled, reports)
+    return TuneOutcome(config, result, refit, scaled, reports, verified)
 
 
 def scale(config: RunConfig) -> ScaleOutcome:

@@ -36,6 +36,7 @@ from autotune.runners.base import Reporter
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.base import run_guarded
+from autotune.runners.validity import gate
 from autotune.space.rules import violations
 from autotune.specs import AutotuneConfig
 from autotune.workloads import write_problem
@@ -83,7 +84,9 @@ class TrialPipeline:
         """Predict, render (when the runner reads configs) and run one layout that passed the
         rules; the runner's failures come back as the measurement's status, never raised (a
         runner that raises makes a `crash`, and a measurement that is not one — NaN, zero,
-        negative figures — is a `crash` with the reason: `autotune.measurement.validated`)."""
+        negative figures — is a `crash` with the reason: `autotune.measurement.validated`; one
+        the framework did not run as asked, or that no hardware can reach, is `invalid`:
+        `autotune.runners.validity.gate`)."""
         prediction = estimate(self.cfg, layout, self.constants)
         artifacts: dict[str, Path] = {}
         if self.runner.needs_artifacts:
@@ -98,5 +101,5 @@ class TrialPipeline:
             report or (lambda step, value: False), attrs=dict(attrs or {}),
             note=note or (lambda key, value: None),
         )
-        measurement = validated(run_guarded(self.runner, plan))
+        measurement = gate(self.cfg, layout, validated(run_guarded(self.runner, plan)))
         return TrialResult(layout, prediction, measurement, directory, artifacts)

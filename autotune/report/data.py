@@ -40,7 +40,8 @@ PLAN_JSON = "plan.json"
 """What `autotune plan --out` writes (`autotune.planning.build.Plan.to_dict`)."""
 PLAN_SCHEMA = "autotune.plan/1"
 SUMMARY_SCHEMA = "autotune.report/1"
-FAILED = ("oom", "nccl_timeout", "hang", "timeout", "nan", "rejected", "crash", "pruned")
+FAILED = ("oom", "nccl_timeout", "hang", "timeout", "nan", "rejected", "crash", "pruned",
+          "invalid")
 """Statuses of trials that ran but did not measure a throughput."""
 TRIAL_COLUMNS = (
     "number", "state", "status", "layout", "layout_id", "tp", "pp", "dp", "cp", "vpp", "zero",

@@ -31,6 +31,7 @@ from autotune.scaling import PART_LABELS
 from autotune.space.rules import MEMORY_RULE_NAMES
 from autotune.templating import register_filters
 from autotune.units import GIB
+from autotune.verify import read_verify
 
 PLOT_CAPTIONS = {
     "memory_breakdown": "Predicted memory per GPU of the winner and runners-up, by part; "
@@ -270,6 +271,58 @@ def _parts_table(record: dict[str, Any], label: str) -> tuple[Table, Table]:
     return mem, step
 
 
+MEASURED_PARTS = (
+    ("compute", ("compute",), "compute"),
+    ("tp_comm", ("tp_comm",), "TP collectives"),
+    ("cp_comm", ("cp_comm",), "CP exchange"),
+    ("ep_comm", ("ep_comm",), "EP all-to-all"),
+    ("dp_comm", ("dp_comm", "zero3_gather"), "DP reduce + ZeRO gathers"),
+    ("pp_p2p", ("pp_bubble", "pp_p2p"), "pipeline send/recv + bubble wait"),
+    ("optimizer", ("optimizer",), "optimizer step"),
+    ("offload", ("offload",), "CPU offload copies"),
+    ("data", (), "data loading"),
+)
+"""(measured part, the predicted parts it covers, label): a trial's instruments cannot tell
+a pipeline's bubble from its transfers (a recv waits for both), nor ZeRO-3 gathers from
+gradient reduction (both are data-parallel collectives)."""
+
+
+def measured_parts_table(record: dict[str, Any]) -> Table | None:
+    """Predicted beside measured seconds per part of one trial (`breakdown` from its trial
+    program or the framework's timers); None when the trial measured no parts."""
+    breakdown = record.get("breakdown")
+    predicted = (record.get("predicted") or {}).get("time", {}).get("parts", {})
+    if not isinstance(breakdown, dict) or not breakdown.get("parts"):
+        return None
+    measured = breakdown["parts"]
+    table = Table(["step-time part", "predicted s", "measured s"], [], "lrr")
+    for key, covers, name in MEASURED_PARTS:
+        guess = sum(predicted.get(p, 0.0) for p in covers) if covers else None
+        value = measured.get(key)
+        if guess or value:
+            table.rows.append([name, "–" if guess is None else f"{guess:.3f}",
+                               "–" if value is None else f"{value:.3f}"])
+    table.rows.append(["not covered by a part", "",
+                       f"{breakdown.get('unattributed_s', 0.0):.3f}"])
+    total = (record.get("predicted") or {}).get("step_time_s")
+    table.rows.append(["step time", "–" if total is None else f"{total:.3f}",
+                       f"{breakdown['step_time_s']:.3f}"])
+    return table
+
+
+def verify_verdict(result: dict[str, Any] | None) -> str:
+    """One sentence on `autotune verify`'s loss-curve comparison ("" when it did not run)."""
+    if not result:
+        return ""
+    steps = len(result.get("winner_losses") or [])
+    against = (f"the winner ({result['winner']}) against pure data parallelism "
+               f"({result['reference']}) over {steps} measured steps")
+    if result.get("passed"):
+        return (f"Loss curves agree: {against}, largest relative difference "
+                f"{result['max_rel_diff']:.1e} within the {result['tolerance']:g} tolerance.")
+    return f"Loss curves DISAGREE: {against}: {result.get('reason', '')}"
+
+
 def scaling_table(scaling: dict[str, Any], label: str = "measured") -> Table:
     """The sweep's points: shape, outcome, throughput, efficiency, flag and what grew."""
     table = Table(
@@ -456,6 +509,8 @@ def report_context(run: data.RunData, summary: dict[str, Any], svgs: dict[str, s
         "figures_note": FIGURES_NOTE[run.label],
         "winner_memory": memory_table,
         "winner_time": time_table,
+        "winner_parts": measured_parts_table(top[0]) if top else None,
+        "verify": verify_verdict(read_verify(run.directory)),
         "all_trials": _all_trials_table(run) if run.records else None,
         "failures": _failures_table(summary),
         "scaling": scaling_table(run.scaling, run.label) if run.scaling else None,

@@ -45,6 +45,8 @@ from autotune.workloads.records import read_tail
 
 LAUNCHERS = ("torchrun", "deepspeed")
 """How the built-in workloads are launched."""
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as probe:

@@ -53,3 +53,6 @@ class TuneSettings(BaseModel):
     with probability below --confidence (after the warm start and 3 trials)."""
     confidence: Annotated[FiniteFloat, Field(gt=0, lt=1)] = 0.05
     """The probability --stop-when-confident stops at."""
+    verify: StrictBool = False
+    """After the study, train the winner and pure data parallelism with the same data and
+    compare their loss curves (`autotune.verify`; local or slurm runner)."""

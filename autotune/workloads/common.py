@@ -251,11 +251,13 @@ def train_loop(
     reporter: Reporter,
     device: torch.device,
     timed_step: Callable[[int], tuple[float, float]],
+    step_extra: Callable[[int], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run the steps, emit one record per step, and return the summary record.
 
     ``timed_step(step)`` runs one optimizer step and returns its time in seconds and the loss of
-    the global batch (the same on every rank). A NaN loss ends the run with status nan.
+    the global batch (the same on every rank); ``step_extra(step)`` adds fields to its record
+    (the measured parts). A NaN loss ends the run with status nan.
     """
     times_s: list[float] = []
     peak, loss = 0, math.nan
@@ -264,7 +266,8 @@ def train_loop(
         step_time_s, loss = timed_step(step)
         peak = max_over_ranks(peak_memory_bytes(), device)
         warmup = step < plan.warmup
-        reporter.emit(step_record(step, step_time_s, plan.tokens_per_step, loss, peak, warmup))
+        record = step_record(step, step_time_s, plan.tokens_per_step, loss, peak, warmup)
+        reporter.emit({**record, **(step_extra(step) if step_extra else {})})
         if not math.isfinite(loss):
             status, steps = "nan", step + 1
             break

@@ -72,6 +72,11 @@ from autotune.workloads.common import teardown
 from autotune.workloads.common import train_loop
 from autotune.workloads.common import trial_config
 from autotune.workloads.common import workload_parser
+from autotune.workloads.instruments import SLOW_S
+from autotune.workloads.instruments import PartClock
+from autotune.workloads.instruments import collective_kind
+from autotune.workloads.instruments import faults
+from autotune.workloads.instruments import time_collectives
 
 # --- inputs ----------------------------------------------------------------------------------
 
@@ -164,6 +169,11 @@ def make_plan(
         AutotuneError: the files contradict each other or the world size.
     """
     layout = read_layout(args.layout)
+    if "fit_world" in faults() and layout.world_size != world_size:
+        # test-only: shrink dp to the processes started (what a launcher that ignores the
+        # layout does), so the gate must catch it from what the engine reports
+        layout = dataclasses.replace(layout, dp=world_size // (layout.tp * layout.pp * layout.cp))
+        ds = {**ds, "train_batch_size": layout.global_batch_size}
     layout.validate(world_size)
     train, micro, gas = _batch_sizes(ds, layout.dp)
     zero = ds.get("zero_optimization") or {}
@@ -500,15 +510,33 @@ class GPT(nn.Module):
         return self.lm_head(self.model(tokens))
 
 
+class _ScaledGradient(torch.autograd.Function):
+    """Identity whose backward multiplies the gradient by `scale` (the grad_bug fault)."""
+
+    @staticmethod
+    def forward(ctx: Any, value: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None
+
+
 class LossFn:
-    """Mean next-token cross entropy in fp32, times ``scale`` (1/cp under Ulysses)."""
+    """Mean next-token cross entropy in fp32, times ``scale`` (1/cp under Ulysses); its
+    gradient times ``grad_scale`` (1 unless the test-only grad_bug fault sets it)."""
 
     def __init__(self, scale: float) -> None:
         self.scale = scale
+        self.grad_scale = 1.0
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
-        return loss * self.scale
+        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) * self.scale
+        if self.grad_scale == 1.0:
+            return loss
+        # torch.autograd.Function.apply carries no annotations
+        return _ScaledGradient.apply(loss, self.grad_scale)  # type: ignore[no-untyped-call]
 
 
 def _tied_head(module: Embedding, x: torch.Tensor) -> torch.Tensor:
@@ -555,21 +583,39 @@ def build_pipeline(spec: ModelSpec, plan: Plan, loss_fn: LossFn, moe: MoEPlan) -
 class SyntheticTokens:
     """Seeded random tokens; every rank of one data-parallel slot (tp, cp) sees the same batch."""
 
-    def __init__(self, vocab: int, plan: Plan, dp_rank: int, cp_rank: int, device: Any) -> None:
+    def __init__(self, vocab: int, plan: Plan, dp_rank: int, cp_rank: int, device: Any,
+                 clock: PartClock | None = None) -> None:
         self.vocab, self.plan, self.device = vocab, plan, device
         self.dp_rank, self.cp_rank = dp_rank, cp_rank
+        self.clock = clock or PartClock(lambda: None)
+        self.fingerprint = 0
+        """A hash of the tokens drawn since the last `take_fingerprint`."""
+        injected = faults()
+        self.same_seed, self.sleep_s = "same_seed" in injected, SLOW_S * ("slow_data" in injected)
 
     def batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels) of this rank's sequence chunk, each [micro_batch, seq / cp]."""
-        plan = self.plan
-        index = (step * plan.gas + micro) * plan.layout.dp + self.dp_rank
-        generator = torch.Generator().manual_seed(SEED + 7919 * index)
-        tokens = torch.randint(self.vocab, (plan.micro_batch, plan.seq + 1), generator=generator)
-        chunk = plan.seq // plan.layout.cp
-        start = self.cp_rank * chunk
-        inputs = tokens[:, start:start + chunk]
-        labels = tokens[:, start + 1:start + chunk + 1]
-        return inputs.to(self.device), labels.to(self.device)
+        with self.clock.timing("data"):
+            plan = self.plan
+            dp_rank = 0 if self.same_seed else self.dp_rank
+            index = (step * plan.gas + micro) * plan.layout.dp + dp_rank
+            generator = torch.Generator().manual_seed(SEED + 7919 * index)
+            tokens = torch.randint(self.vocab, (plan.micro_batch, plan.seq + 1),
+                                   generator=generator)
+            chunk = plan.seq // plan.layout.cp
+            start = self.cp_rank * chunk
+            inputs = tokens[:, start:start + chunk]
+            labels = tokens[:, start + 1:start + chunk + 1]
+            weights = torch.arange(1, inputs.numel() + 1, dtype=torch.int64)
+            self.fingerprint = hash((self.fingerprint, int((inputs.flatten() * weights).sum())))
+            if self.sleep_s:
+                time.sleep(self.sleep_s)
+            return inputs.to(self.device), labels.to(self.device)
+
+    def take_fingerprint(self) -> int:
+        """The hash of the tokens drawn since the last call, reset."""
+        value, self.fingerprint = self.fingerprint, 0
+        return value
 
     def micro_batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The gas micro-batches of one step, for ``engine.train_batch``."""
@@ -589,12 +635,21 @@ class Trial:
     loss_fn: LossFn
     pipeline: bool
     device: torch.device
+    clock: PartClock
+    place: dict[str, int]
+    """This rank's coordinates: rank, dp, tp, cp, stage."""
+    series: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+    """Per step on this rank: compute_s, data_s, losses (this rank's), data (token hash)."""
 
 
 def _engine_config(ds: dict[str, Any]) -> dict[str, Any]:
     """ds_config as given, plus the AutoTP preset and an optimizer when the file has none."""
     config: dict[str, Any] = json.loads(json.dumps(ds))
     config.setdefault("optimizer", {"type": "AdamW", "params": {"lr": 1e-4}})
+    if "zero_ignored" in faults():  # test-only: the config loses its ZeRO section
+        config["zero_optimization"] = {"stage": 0}
+    if "fit_world" in faults():  # test-only: DeepSpeed derives the batch from the world
+        config.pop("train_batch_size", None)
     tensor_parallel = config.get("tensor_parallel") or {}
     if int(tensor_parallel.get("autotp_size", 0) or 0) > 1 and not (
         tensor_parallel.get("preset_model") or tensor_parallel.get("partition_config")
@@ -637,28 +692,92 @@ def setup(spec: ModelSpec, plan: Plan, ds: dict[str, Any]) -> Trial:
             model = GPT(spec, lay.recompute, sp_group, cp_rank, moe)
     else:
         model = GPT(spec, lay.recompute, sp_group, cp_rank, moe)
+    clock = PartClock(get_accelerator().synchronize)
+    kinds: dict[tuple[int, ...], str] = {}
+    ranks_of: dict[int, tuple[int, ...]] = {}
+
+    def kind_of(name: str, group: Any) -> str:
+        if id(group) not in ranks_of:
+            ranks_of[id(group)] = tuple(dist.get_process_group_ranks(group) if group is not None
+                                        else range(dist.get_world_size()))
+        return collective_kind(name, ranks_of[id(group)], kinds)
+
+    time_collectives(deepspeed.comm, clock, kind_of)
     engine, *_ = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=config, mpu=mpu
     )
+    kinds.update(_group_kinds(lay, sp_group))
     # tp and cp groups are consecutive ranks; the pipeline grid knows its own data rank
     dp_rank = (engine.grid.get_data_parallel_id() if lay.pp > 1
                else dist.get_rank() // (lay.tp * lay.cp))
     device = torch.device(get_accelerator().current_device_name())
-    data = SyntheticTokens(spec.vocab_size, plan, dp_rank, cp_rank, device)
-    return Trial(engine, plan, data, loss_fn, lay.pp > 1, device)
+    data = SyntheticTokens(spec.vocab_size, plan, dp_rank, cp_rank, device, clock)
+    place = {"rank": dist.get_rank(), "dp": dp_rank, "cp": cp_rank,
+             "tp": dist.get_rank() % lay.tp if lay.cp == 1 else 0,
+             "stage": engine.grid.get_stage_id() if lay.pp > 1 else 0}
+    trial = Trial(engine, plan, data, loss_fn, lay.pp > 1, device, clock, place)
+    _instrument(trial)
+    return trial
+
+
+def _group_kinds(lay: Layout, sp_group: Any) -> dict[tuple[int, ...], str]:
+    """The ranks of this rank's tp, cp and ep groups, by kind (what `collective_kind` reads)."""
+    from deepspeed.utils import groups
+
+    kinds: dict[tuple[int, ...], str] = {}
+    if lay.tp > 1:
+        tp_group = groups.get_tensor_model_parallel_group()
+        kinds[tuple(dist.get_process_group_ranks(tp_group))] = "tp"
+    if sp_group is not None:
+        kinds[tuple(dist.get_process_group_ranks(sp_group))] = "cp"
+    for group in groups._get_expert_parallel_group_dict().values():
+        kinds.setdefault(tuple(dist.get_process_group_ranks(group)), "ep")
+    return kinds
+
+
+_PIPE_PHASES = {"ForwardPass": "forward", "BackwardPass": "backward", "ReduceGrads": "reduce",
+                "ReduceTiedGrads": "reduce", "OptimizerStep": "optimizer",
+                "LoadMicroBatch": "data", "SendActivation": "pipe", "RecvActivation": "pipe",
+                "SendGrad": "pipe", "RecvGrad": "pipe"}
+"""Phase of each instruction of DeepSpeed's pipeline schedule."""
+
+
+def _instrument(trial: Trial) -> None:
+    """Time the phases the engine runs by itself, and inject the per-rank faults."""
+    engine, clock = trial.engine, trial.clock
+    if trial.pipeline:  # the engine's own instruction map, each entry timed as its phase
+        timed = {}
+        for instruction, method in type(engine)._INSTRUCTION_MAP.items():
+            phase = _PIPE_PHASES.get(instruction.__name__, "pipe")
+
+            def run(self: Any, *args: Any, _method: Any = method, _phase: str = phase,
+                    **kwargs: Any) -> Any:
+                with clock.timing(_phase):
+                    return _method(self, *args, **kwargs)
+
+            timed[instruction] = run
+        engine._INSTRUCTION_MAP = timed
+    injected = faults()
+    if "slow_rank" in injected and dist.get_rank() == 1:
+        engine.module.register_forward_pre_hook(lambda module, args: time.sleep(SLOW_S))
+    if "grad_bug" in injected and trial.place["tp"] == 1:
+        trial.loss_fn.grad_scale = 4.0
 
 
 def train_step(trial: Trial, step: int) -> torch.Tensor:
     """One optimizer step; returns this rank's share of the global loss (a 0-d tensor)."""
-    engine = trial.engine
+    engine, clock = trial.engine, trial.clock
     if trial.pipeline:
         return engine.train_batch(data_iter=trial.data.micro_batches(step)).detach().float()
     total = torch.zeros((), device=trial.device)
     for micro in range(trial.plan.gas):
         inputs, labels = trial.data.batch(step, micro)
-        loss = trial.loss_fn(engine(inputs), labels)
-        engine.backward(loss)
-        engine.step()
+        with clock.timing("forward"):
+            loss = trial.loss_fn(engine(inputs), labels)
+        with clock.timing("backward"):
+            engine.backward(loss)
+        with clock.timing("optimizer"):
+            engine.step()
         total += loss.detach().float()
     return total / trial.plan.gas
 
@@ -684,13 +803,50 @@ def train(trial: Trial, reporter: Reporter, inject: str | None) -> dict[str, Any
         local = train_step(trial, step)
         get_accelerator().synchronize()
         step_time_s = time.perf_counter() - start
-        return step_time_s, _global_loss(trial, local)
+        own = float(local)
+        loss = _global_loss(trial, local)
+        parts = trial.clock.take()
+        _record(trial.series, compute_s=parts.get("compute", 0.0), data_s=parts.get("data", 0.0),
+                losses=None if trial.pipeline else own, data=trial.data.take_fingerprint(),
+                parts=parts, step_s=step_time_s)
+        return step_time_s, loss
 
-    return train_loop(trial.plan, reporter, trial.device, timed_step)
+    summary = train_loop(trial.plan, reporter, trial.device, timed_step,
+                         step_extra=lambda step: {"parts": trial.series["parts"][step]})
+    summary.update(measured_parts(trial, summary))
+    return summary
 
 
-def describe_engine(engine: Any) -> dict[str, Any]:
-    """What DeepSpeed built: optimizer class, ZeRO stage and the weights this rank's module holds.
+def _record(series: dict[str, list[Any]], **values: Any) -> None:
+    for key, value in values.items():
+        series.setdefault(key, []).append(value)
+
+
+def measured_parts(trial: Trial, summary: dict[str, Any]) -> dict[str, Any]:
+    """`breakdown`: rank 0's parts averaged over the measured steps, beside the mean measured
+    step time and the time no part covers (`unattributed_s`); `ranks`: every rank's place and
+    per-step series (compute_s, data_s, its own loss, a hash of its tokens) for the gate."""
+    warmup = trial.plan.warmup
+    steps = trial.series.get("parts", [])[warmup:]
+    every: list[Any] = [None] * dist.get_world_size()
+    mine = {**trial.place, **{k: v[warmup:] for k, v in trial.series.items()
+                              if k not in ("parts", "step_s") and v[warmup:]
+                              and v[warmup] is not None}}
+    dist.all_gather_object(every, mine)
+    if not steps or summary.get("status") != "ok":
+        return {"ranks": every}
+    names = sorted({name for parts in steps for name in parts})
+    breakdown = {name: sum(p.get(name, 0.0) for p in steps) / len(steps) for name in names}
+    step_s = sum(trial.series["step_s"][warmup:]) / len(steps)
+    return {"breakdown": {"parts": breakdown, "step_time_s": step_s,
+                          "unattributed_s": step_s - sum(breakdown.values())},
+            "ranks": every}
+
+
+def describe_engine(engine: Any, spec: ModelSpec) -> dict[str, Any]:
+    """What DeepSpeed built: optimizer class, ZeRO stage, the weights this rank's module holds,
+    and `ran`: the layout read back from the engine and the model (what the validity gate
+    compares with the layout asked for).
 
     ``params_local`` counts this rank's tensor-parallel shards and pipeline stage (before ZeRO
     partitioning), so it shows that tp and pp really split the model.
@@ -698,7 +854,43 @@ def describe_engine(engine: Any) -> dict[str, Any]:
     optimizer = getattr(engine, "basic_optimizer", None) or engine.optimizer
     params = sum(int(getattr(p, "ds_numel", p.numel())) for p in engine.module.parameters())
     return {"optimizer": type(optimizer).__name__,
-            "zero_stage": int(engine.zero_optimization_stage()), "params_local": params}
+            "zero_stage": int(engine.zero_optimization_stage()), "params_local": params,
+            "ran": read_back(engine, spec)}
+
+
+def _offload_ran(engine: Any) -> str:
+    def on(section: Any) -> bool:
+        return section is not None and str(getattr(section, "device", "none")) not in (
+            "none", "OffloadDeviceEnum.none")
+
+    if on(engine.zero_offload_param()):
+        return "optimizer+params"
+    return "optimizer" if on(engine.zero_offload_optimizer()) else "none"
+
+
+def read_back(engine: Any, spec: ModelSpec) -> dict[str, Any]:
+    """The layout the engine runs: world size from the process group; tp from this rank's
+    slice of the first q_proj; pp, cp (Ulysses) and ep from the engine and its MoE layers;
+    dp from DeepSpeed's own batch arithmetic (train batch / (micro-batch · accumulation));
+    ZeRO stage, offload, micro-batch, accumulation and precision from the engine's config."""
+    rows = spec.num_attention_heads * spec.head_dim
+    tp = 1
+    ep = 1
+    for name, module in engine.module.named_modules():
+        if name.endswith("q_proj") and tp == 1:
+            weight = module.weight
+            local = int(getattr(weight, "ds_shape", weight.shape)[0])
+            tp = rows // local if local else 1
+        ep = max(ep, int(getattr(module, "ep_size", 1) or 1))
+    micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    precision = ("bf16" if engine.bfloat16_enabled()
+                 else "fp16" if engine.fp16_enabled() else "fp32")
+    return {"world_size": dist.get_world_size(), "tp": tp,
+            "pp": int(getattr(engine, "num_stages", 1)),
+            "dp": engine.train_batch_size() // (micro * gas),
+            "cp": int(engine.sequence_parallel_size or 1), "ep": ep,
+            "zero": int(engine.zero_optimization_stage()), "offload": _offload_ran(engine),
+            "mbs": micro, "gas": gas, "precision": precision}
 
 
 def _single_process_env() -> None:
@@ -761,7 +953,7 @@ def run(args: argparse.Namespace) -> int:
         if not is_oom(error):
             raise
         return reporter.rank_failed("oom", error, world)
-    summary.update(describe_engine(trial.engine))
+    summary.update(describe_engine(trial.engine, spec))
     return reporter.finish(summary, teardown)
 
 

@@ -37,6 +37,9 @@ EXIT_CODES = {"ok": 0, "bad_input": 2, "nan": 3, "oom": 4, "rejected": 5}
 """Process exit code of a trial program per summary status."""
 FAILURE_EXIT_CODES = {code: status for status, code in EXIT_CODES.items() if code >= 3}
 """Exit code → failure class (what a runner reads when the summary line is missing)."""
+REPORTED = ("ran", "breakdown", "ranks")
+"""Summary fields of the built-in workloads a measurement carries: the layout read back from
+the framework, the measured parts and per-rank series (`autotune.runners.validity` reads them)."""
 TAIL_WINDOW = 2 << 20
 """Bytes read from the end of a log to classify a failure."""
 
@@ -261,6 +264,8 @@ class TrialRecords:
         if not steady:
             return None
         extra = dict(extra or {})
+        said = self.summary or {}
+        extra.update({k: said[k] for k in REPORTED if k in said})
         times = [float(s["step_time_s"]) for s in steady]
         step_s = statistics.median(times)
         tokens = float(steady[-1].get("tokens") or cfg.train.tokens_per_step)
@@ -270,6 +275,8 @@ class TrialRecords:
                 str(k): v for k, v in logged.get("peak_memory_by_rank", {}).items()}
             if logged.get("tflops_per_gpu") is not None:
                 extra["framework_tflops_per_gpu"] = logged["tflops_per_gpu"]
+            if logged.get("breakdown"):
+                extra["breakdown"] = logged["breakdown"]
         loss = steady[-1].get("loss")
         if loss is not None:
             extra["final_loss"] = float(loss)

@@ -26,17 +26,18 @@ PINNED = {
     "estimate": sorted([*PROBLEM, "--json", "--layout", "-l"]),
     "render": sorted([*PROBLEM, "--layout", "--out", "-l"]),
     "tune": sorted([*PROBLEM, *RUNNER, "--confidence", "--jobs", "--json", "--no-resume",
-                    "--no-stop-when-confident", "--out", "--repeat", "--resume", "--scale",
-                    "--scale-gpus", "--scale-mode", "--stop-when-confident", "--storage",
-                    "--study", "--top-k", "--trials"]),
+                    "--no-stop-when-confident", "--no-verify", "--out", "--repeat", "--resume",
+                    "--scale", "--scale-gpus", "--scale-mode", "--stop-when-confident",
+                    "--storage", "--study", "--top-k", "--trials", "--verify"]),
     "scale": sorted([*PROBLEM, *RUNNER, "--gpus", "--json", "--layout", "--mode", "--out", "-l"]),
     "report": ["--out"],
     "compare": ["--out"],
     "plan": sorted([*(o for o in PROBLEM if o != "--processes"), *RUNNER, "--budget",
                     "--calibration", "--deadline", "--json", "--max-gbs-tokens", "--out",
                     "--price", "--tokens", "--verify-sizes"]),
+    "verify": ["--launcher", "--runner", "--steps", "--timeout"],
 }
-ARGUMENTS = {"report": ["directory"], "compare": ["dirs"]}
+ARGUMENTS = {"report": ["directory"], "compare": ["dirs"], "verify": ["directory"]}
 
 
 def _options(command: typer.core.TyperCommand) -> list[str]:

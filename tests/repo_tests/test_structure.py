@@ -177,7 +177,7 @@ MIRROR: dict[str, tuple[str, ...]] = {
     "report_tests": ("report",),
     "runners_tests": ("runners", "measurement", "workloads.records", "trial",
                       "testing"),
-    "scaling_tests": ("scaling",),
+    "scaling_tests": ("scaling", "verify"),
     "search_tests": ("search",),
     "space_tests": ("space",),
     "specs_tests": ("specs", "frameworks.megatron.model"),

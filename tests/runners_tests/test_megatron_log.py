@@ -108,3 +108,55 @@ def test_local_runner_runs_rendered_pretrain_gpt(tmp_path: Path, fake_megatron_l
     failed = run_trial(nan, cfg, layout, tmp_path / "nan").measurement
     assert failed.status == "nan" and "found NaN" in failed.reason
     assert leftovers(tmp_path) == []
+
+
+def _iteration(number: int, elapsed_ms: float) -> str:
+    return (f" [2026-08-22 15:22:{20 + number}] iteration {number:8d}/       3 | consumed samples:"
+            f" {number * 128:12d} | elapsed time per iteration (ms): {elapsed_ms:.1f} | "
+            "learning rate: 1.500000E-04 | global batch size:   128 | lm loss: 1.034567E+01 | "
+            "loss scale: 1.0 | number of skipped iterations:   0 | "
+            "number of nan iterations:   0 |")
+
+
+def _timers(forward_max: float) -> list[str]:
+    """A `--timing-log-level 2` block as Timers.log prints it (name padded with dots to 48
+    columns, minmax option), through Megatron's logger (a prefix before the header)."""
+    values = {"forward-backward": (930.0, 940.0), "forward-compute": (300.0, forward_max),
+              "backward-compute": (540.0, 550.0), "batch-generator": (4.0, 5.0),
+              "forward-recv": (20.0, 30.0), "backward-send": (10.0, 15.0),
+              "all-grads-sync": (35.0, 40.0), "optimizer-inner-step": (20.0, 22.0),
+              "optimizer": (40.0, 45.0)}
+    lines = ["[2026-08-22 15:22:22] INFO:megatron.core.timers:(min, max) time across ranks (ms):"]
+    lines += [f"    {(name + ' ').ljust(48, '.')}: ({lo:.2f}, {hi:.2f})"
+              for name, (lo, hi) in values.items()]
+    return lines
+
+
+RECORDED = [_iteration(1, 1900.0), *_timers(900.0), _iteration(2, 1000.0), *_timers(310.0),
+            MEMORY, _iteration(3, 1100.0), *_timers(360.0)]
+"""Three iterations of a pp=2 run at --timing-log-level 2; the first is warm-up."""
+
+
+def test_timers_become_the_measured_parts() -> None:
+    """By hand (max over ranks, iterations 2 and 3): compute (310 + 550 + 360 + 550) / 2 =
+    885 ms, data 5, pipeline 30 + 15 = 45, dp 40, optimizer 45 (its sub-timer not added);
+    mean step (1000 + 1100) / 2 = 1050 ms, so 1050 - 1020 = 30 ms unattributed."""
+    log = MegatronLog.parse(RECORDED)
+    assert [it.iteration for it in log.iterations] == [1, 2, 3] and len(log.memory) == 1
+    assert log.timers[2]["forward-compute"] == 310.0
+    breakdown = log.measured(warmup=1)["breakdown"]
+    assert breakdown["parts"] == pytest.approx(
+        {"compute": 0.885, "data": 0.005, "pp_p2p": 0.045, "dp_comm": 0.040, "optimizer": 0.045})
+    assert breakdown["step_time_s"] == pytest.approx(1.05)
+    assert breakdown["unattributed_s"] == pytest.approx(0.030)
+
+
+def test_max_only_timers_and_logs_without_timers() -> None:
+    lines = [_iteration(2, 500.0), "max time across ranks (ms):",
+             f"    {'forward-compute '.ljust(48, '.')}: 200.00", "some other line",
+             f"    {'backward-compute '.ljust(48, '.')}: 999.00"]
+    log = MegatronLog.parse(lines)
+    assert log.timers == {2: {"forward-compute": 200.0}}  # the block ended at the other line
+    assert log.breakdown(warmup=1) == {"parts": {"compute": 0.2}, "step_time_s": 0.5,
+                                       "unattributed_s": pytest.approx(0.3)}
+    assert MegatronLog.parse([ITERATION]).breakdown(warmup=0) is None

@@ -15,4 +15,4 @@ def test_every_status_named_anywhere_is_a_status() -> None:
     assert set(EXIT_CODES) - {"bad_input"} <= set(Status)  # bad_input: an exit code, not a trial
     assert set(STATUSES) == {s for s in Status if s.ran}
     assert [s for s in Status if s.failed] == ["oom", "nccl_timeout", "hang", "timeout", "nan",
-                                               "rejected", "crash"]
+                                               "rejected", "crash", "invalid"]

@@ -129,7 +129,8 @@ def _script(tmp_path: Path, body: str) -> str:
 
 
 def test_command_runner_measures_and_survives_failures(tmp_path: Path) -> None:
-    """Oracle: a real subprocess per trial that crashes, prints no JSON, or measures."""
+    """Oracle: a real subprocess per trial that crashes, prints no JSON, or measures (20 s or
+    10 s per step of 512 × 2048 tokens on 8 A100s: MFU 18 % and 36 %, physical)."""
     body = """
 import json, sys, time
 layout = json.load(open(sys.argv[1]))
@@ -140,7 +141,7 @@ if layout["zero"] == 3:
     sys.exit(0)
 for step in range(3):
     print(json.dumps({"event": "step", "tokens_per_s": 1000.0 * layout["mbs"]}), flush=True)
-print(json.dumps({"step_time_s": 1.0 / layout["mbs"], "peak_memory_gb": 12.5}))
+print(json.dumps({"step_time_s": 20.0 / layout["mbs"], "peak_memory_gb": 12.5}))
 """
     runner = CommandRunner(_script(tmp_path, body), timeout_s=60)
     space = SPACE.model_copy(

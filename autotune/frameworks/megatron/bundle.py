@@ -226,8 +226,9 @@ class Megatron(Framework):
         }
 
     def checkout_trial_args(self, steps: int) -> list[str]:
-        """pretrain_gpt.py flags appended last (argparse keeps the last value)."""
-        return ["--train-iters", str(steps), "--log-interval", "1"]
+        """pretrain_gpt.py flags appended last (argparse keeps the last value); timers at
+        level 2 give the measured parts of each step (`MegatronLog.breakdown`)."""
+        return ["--train-iters", str(steps), "--log-interval", "1", "--timing-log-level", "2"]
 
     def log_parser(self) -> MegatronLog:
         """Reads `training_log` iteration lines and `report_memory` lines."""

@@ -16,6 +16,16 @@ of each stage respectively::
 `flop throughput (TFLOP/sec/GPU)` instead of `throughput per GPU`). The elapsed time is the
 average over the `--log-interval` iterations before the line; memory figures are MiB (2**20
 bytes).
+
+With ``--timing-log-level 2`` the last rank follows each iteration line with its timers
+(`megatron/core/timers.py:Timers.log`, the ``--timing-log-option`` minmax default; ``max``
+prints one value), averaged over the same iterations, in ms::
+
+    (min, max) time across ranks (ms):
+        forward-backward ...............................: (1180.21, 1183.90)
+        forward-compute ................................: (402.10, 410.55)
+
+`TIMER_PARTS` maps them onto the cost model's step-time parts (`MegatronLog.breakdown`).
 """
 
 from __future__ import annotations
@@ -33,6 +43,32 @@ _ITERATION = re.compile(r"\biteration\s+(\d+)/\s*(\d+)\s*\|")
 _MEMORY = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\)\s*\|(.*)$")
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf|-inf"
 _FIELD = re.compile(rf"^\s*([^:|]+?):\s*({_NUMBER})\s*$", re.IGNORECASE)
+_TIMERS_HEADER = re.compile(r"(?:\(min, max\) |max )?time across ranks \(ms\):\s*$")
+_TIMER = re.compile(rf"^\s+(\S+) \.*:\s*(?:\(\s*({_NUMBER}),\s*({_NUMBER})\)|({_NUMBER}))\s*$")
+TIMER_PARTS = {
+    "forward-compute": "compute",
+    "backward-compute": "compute",
+    "batch-generator": "data",
+    "forward-recv": "pp_p2p",
+    "forward-send": "pp_p2p",
+    "backward-recv": "pp_p2p",
+    "backward-send": "pp_p2p",
+    "forward-send-forward-recv": "pp_p2p",
+    "forward-send-backward-recv": "pp_p2p",
+    "backward-send-forward-recv": "pp_p2p",
+    "backward-send-backward-recv": "pp_p2p",
+    "forward-backward-send-forward-backward-recv": "pp_p2p",
+    "all-grads-sync": "dp_comm",
+    "params-all-gather": "dp_comm",
+    "layernorm-grads-all-reduce": "tp_comm",
+    "embedding-grads-all-reduce": "dp_comm",
+    "optimizer": "optimizer",
+}
+"""Megatron-LM timer → step-time part (`autotune.costmodel.step_time.TIME_PARTS`), from the
+max over ranks. Pipeline send/recv include the wait for the neighbour stage (the bubble);
+the optimizer's sub-timers (copy-to-main-grad, inner-step, ...) are inside `optimizer`, so
+only the total counts; `forward-backward` holds compute and pipeline transfers and is not a
+part."""
 _KNOWN = {
     "consumed samples": "consumed_samples",
     "skipped samples": "skipped_samples",
@@ -151,9 +187,21 @@ class MegatronLog:
 
     iterations: list[Iteration] = dataclasses.field(default_factory=list)
     memory: list[MemoryReport] = dataclasses.field(default_factory=list)
+    timers: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    """Iteration → timer name → max over ranks (ms) of the timers printed after its line."""
+    _reading: dict[str, float] | None = None
 
     def feed(self, line: str) -> Iteration | None:
         """Read one line; returns the iteration record when it was an iteration line."""
+        if self._reading is not None:
+            timer = _TIMER.match(line)
+            if timer:
+                self._reading[timer.group(1)] = float(timer.group(3) or timer.group(4))
+                return None
+            self._reading = None
+        if _TIMERS_HEADER.search(line) and self.iterations:
+            self._reading = self.timers.setdefault(self.iterations[-1].iteration, {})
+            return None
         record = parse_iteration(line)
         if record is not None:
             self.iterations.append(record)
@@ -162,6 +210,24 @@ class MegatronLog:
         if report is not None:
             self.memory.append(report)
         return None
+
+    def breakdown(self, warmup: int) -> dict[str, Any] | None:
+        """The step-time parts (seconds, `TIMER_PARTS`) averaged over the iteration lines after
+        `warmup` that carry timers, beside their mean elapsed time and what no part covers;
+        None without timers (``--timing-log-level`` 0)."""
+        steady = [it for it in self.iterations if it.iteration > warmup and it.iteration in
+                  self.timers]
+        if not steady:
+            return None
+        parts: dict[str, float] = {}
+        for it in steady:
+            for name, ms in self.timers[it.iteration].items():
+                if name in TIMER_PARTS:
+                    part = TIMER_PARTS[name]
+                    parts[part] = parts.get(part, 0.0) + ms / 1000.0 / len(steady)
+        step = sum(it.elapsed_ms for it in steady) / 1000.0 / len(steady)
+        return {"parts": parts, "step_time_s": step,
+                "unattributed_s": step - sum(parts.values())}
 
     @staticmethod
     def is_iteration(line: str) -> bool:
@@ -203,4 +269,5 @@ class MegatronLog:
             "loss": last.losses.get("lm loss", next(iter(last.losses.values()), None)),
             "nan_iterations": max(it.nan_iterations for it in self.iterations),
             "iterations": last.iteration,
+            "breakdown": self.breakdown(warmup),
         }

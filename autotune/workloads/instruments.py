@@ -1,0 +1,143 @@
+"""Where a built-in workload's step time goes, measured on every rank, and the test-only faults.
+
+`PartClock` times the phases of a step (data, forward, backward, gradient reduction, pipeline
+transfers, optimizer) with a wall clock synchronised to the device, and `time_collectives`
+wraps the collectives of `deepspeed.comm` so that each call's time is charged to its kind
+(tp, cp, ep, dp/ZeRO, pp) inside the phase it ran in. `PartClock.take` turns one step into the
+parts the cost model predicts (`autotune.costmodel.step_time.TIME_PARTS`): a phase's time less
+its collectives is compute (forward, backward, reduction) or optimizer; a pipeline phase is
+all `pp_p2p` (its send/recv time includes waiting for the neighbour stage, i.e. the bubble).
+On CPU (gloo) collectives block, so their time is exact; an asynchronous collective counts
+only its launch, its wait lands in the phase's compute.
+
+Faults (`AUTOTUNE_WORKLOAD_FAULTS=name,name`) are switches for tests that must see the
+validity gate catch a real run going wrong; nothing else sets them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
+
+from autotune.exceptions import AutotuneError
+
+FAULTS_ENV = "AUTOTUNE_WORKLOAD_FAULTS"
+"""Comma-separated test-only faults the workload injects into its own run."""
+FAULTS = {
+    "zero_ignored": "ZeRO is configured away (stage 0) before the engine is built",
+    "fit_world": "the layout is shrunk to the processes started instead of refusing",
+    "same_seed": "every data-parallel rank draws the same tokens",
+    "slow_rank": "rank 1 sleeps SLOW_S in every forward pass",
+    "slow_data": "every micro-batch sleeps SLOW_S before it is returned",
+    "grad_bug": "tensor-parallel rank 1 scales its gradients by 4 (a bug in a layout's split)",
+}
+SLOW_S = 0.25
+"""Seconds a slow rank or a slow data loader sleeps per micro-step."""
+PHASES = ("data", "forward", "backward", "reduce", "pipe", "optimizer")
+"""Phases of a step; the rest of the step (loop, loss reduction) is `unattributed`."""
+COLLECTIVES = ("all_reduce", "inference_all_reduce", "all_gather_into_tensor", "all_gather",
+               "allgather_fn", "reduce_scatter_fn", "reduce_scatter_tensor", "reduce_scatter",
+               "all_to_all_single", "all_to_all", "broadcast", "reduce", "send", "recv",
+               "isend", "irecv")
+"""`deepspeed.comm` functions whose calls are timed."""
+_POINT_TO_POINT = {"send", "recv", "isend", "irecv"}
+
+
+def faults() -> frozenset[str]:
+    """The faults asked for in FAULTS_ENV.
+
+    Raises:
+        AutotuneError: an unknown fault name.
+    """
+    names = frozenset(n for n in os.environ.get(FAULTS_ENV, "").split(",") if n)
+    unknown = sorted(names - FAULTS.keys())
+    if unknown:
+        raise AutotuneError(f"{FAULTS_ENV}: unknown fault {unknown[0]!r}; known: "
+                            f"{', '.join(sorted(FAULTS))}")
+    return names
+
+
+class PartClock:
+    """Seconds per phase and per collective kind of the current step on this rank."""
+
+    def __init__(self, synchronize: Callable[[], None]) -> None:
+        self.synchronize = synchronize
+        self.phase: str | None = None
+        self.phases: dict[str, float] = {}
+        self.comms: dict[tuple[str, str], float] = {}
+
+    @contextlib.contextmanager
+    def timing(self, phase: str) -> Iterator[None]:
+        """Charge the block's wall time to `phase` (nested phases charge the outer one)."""
+        if self.phase is not None:
+            yield
+            return
+        self.synchronize()
+        start = time.perf_counter()
+        self.phase = phase
+        try:
+            yield
+        finally:
+            self.synchronize()
+            self.phase = None
+            self.phases[phase] = self.phases.get(phase, 0.0) + time.perf_counter() - start
+
+    def collective(self, kind: str, seconds: float) -> None:
+        """Charge one collective call to `kind` inside the running phase."""
+        key = (self.phase or "unattributed", kind)
+        self.comms[key] = self.comms.get(key, 0.0) + seconds
+
+    def take(self) -> dict[str, float]:
+        """The step's parts in seconds (compute, <kind>_comm, pp_p2p, optimizer, data), then
+        reset for the next step."""
+        parts: dict[str, float] = {"data": self.phases.get("data", 0.0)}
+        comm_in = {p: sum(s for (q, _k), s in self.comms.items() if q == p) for p in PHASES}
+        parts["compute"] = sum(self.phases.get(p, 0.0) - comm_in[p]
+                               for p in ("forward", "backward", "reduce"))
+        parts["optimizer"] = self.phases.get("optimizer", 0.0) - comm_in["optimizer"]
+        parts["pp_p2p"] = self.phases.get("pipe", 0.0)
+        for (phase, kind), seconds in self.comms.items():
+            if phase in ("pipe", "data", "unattributed"):
+                continue  # inside the pipeline phase, or outside every phase
+            name = "pp_p2p" if kind == "pp" else f"{kind}_comm"
+            parts[name] = parts.get(name, 0.0) + seconds
+        self.phases, self.comms = {}, {}
+        return {k: max(0.0, v) for k, v in parts.items() if v}
+
+
+def time_collectives(module: Any, clock: PartClock, kind_of: Callable[[str, Any], str]) -> None:
+    """Wrap the COLLECTIVES of `module` (``deepspeed.comm``) so each call charges its time to
+    ``kind_of(name, group)`` in `clock`; call before the engine is built."""
+
+    def wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if clock.phase is None:
+                return original(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                clock.collective(kind_of(name, kwargs.get("group")), time.perf_counter() - start)
+
+        timed._autotune_timed = True  # type: ignore[attr-defined]
+        return timed
+
+    for name in COLLECTIVES:
+        original = getattr(module, name, None)
+        if original is not None and not getattr(original, "_autotune_timed", False):
+            setattr(module, name, wrap(name, original))
+
+
+def collective_kind(name: str, ranks: tuple[int, ...], groups: dict[tuple[int, ...], str]) -> str:
+    """The kind of one collective: point-to-point is pipeline, a known group's ranks name it
+    (tp, cp, ep, pp), and the rest reduce or gather over data-parallel ranks (dp: gradients,
+    ZeRO partitions)."""
+    if name in _POINT_TO_POINT:
+        return "pp"
+    return groups.get(ranks, "dp")

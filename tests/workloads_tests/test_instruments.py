@@ -1,0 +1,147 @@
+"""Measured parts of a step, and the faults the gate must catch in real DeepSpeed runs.
+
+The real runs are the local runner's (torchrun, gloo, the built-in DeepSpeed workload on
+tiny-gpt) through the trial pipeline, so the validity gate reads what DeepSpeed itself reports.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from autotune.exceptions import AutotuneError
+from autotune.layout import Layout
+from autotune.measurement import Measurement
+from autotune.runners.base import TrialPlan
+from autotune.runners.local import LocalRunner
+from autotune.specs.inputs import load_config
+from autotune.trial import TrialPipeline
+from autotune.workloads.instruments import FAULTS_ENV
+from autotune.workloads.instruments import SLOW_S
+from autotune.workloads.instruments import PartClock
+from autotune.workloads.instruments import collective_kind
+from autotune.workloads.instruments import faults
+from autotune.workloads.instruments import time_collectives
+
+CFG = load_config("tiny-gpt", "local", processes=2, framework="deepspeed", seq_length=64,
+                  global_batch_size=8)
+DP2 = Layout(dp=2, zero=1, mbs=2, gas=2)
+
+
+class _Comm:
+    """A stand-in for ``deepspeed.comm`` whose collective takes a known time."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+
+    def all_reduce(self, tensor: object, group: object = None) -> str:
+        self.clock[0] += 0.25
+        return "reduced"
+
+    def send(self, tensor: object, dst: int) -> None:
+        self.clock[0] += 0.5
+
+
+def test_parts_of_a_step_worked_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake wall clock: forward 1.0 s holding a 0.25 s tp all-reduce, backward 2.0 s holding
+    a 0.25 s dp all-reduce, a 0.5 s pipeline send, optimizer 0.5 s, data 0.1 s. By hand:
+    compute = 1.0 - 0.25 + 2.0 - 0.25 = 2.5, tp 0.25, dp 0.25, pp_p2p 0.5, optimizer 0.5."""
+    now = [0.0]
+    monkeypatch.setattr("autotune.workloads.instruments.time.perf_counter", lambda: now[0])
+    clock = PartClock(lambda: None)
+    comm = _Comm(now)
+    tp_group = object()
+    time_collectives(comm, clock, lambda name, group: "tp" if group is tp_group else (
+        "pp" if name == "send" else "dp"))
+    assert comm.all_reduce(None) == "reduced" and now[0] == 0.25  # outside a phase: not timed
+    now[0] = 0.0
+
+    def spend(phase: str, seconds: float, *calls: tuple[str, object]) -> None:
+        with clock.timing(phase):
+            for name, group in calls:
+                comm.send(None, 1) if name == "send" else comm.all_reduce(None, group=group)
+            now[0] += seconds - sum(0.5 if n == "send" else 0.25 for n, _g in calls)
+
+    spend("data", 0.1)
+    spend("forward", 1.0, ("all_reduce", tp_group))
+    spend("backward", 2.0, ("all_reduce", None))
+    spend("pipe", 0.5, ("send", None))
+    spend("optimizer", 0.5)
+    parts = clock.take()
+    assert parts == pytest.approx({"data": 0.1, "compute": 2.5, "tp_comm": 0.25,
+                                   "dp_comm": 0.25, "pp_p2p": 0.5, "optimizer": 0.5})
+    assert sum(parts.values()) == pytest.approx(now[0])
+    assert clock.take() == {}  # reset for the next step
+
+
+def test_collective_kinds() -> None:
+    groups = {(0, 1): "tp", (0, 2): "cp"}
+    assert collective_kind("send", (0, 1), groups) == "pp"
+    assert collective_kind("all_reduce", (0, 1), groups) == "tp"
+    assert collective_kind("all_to_all_single", (0, 2), groups) == "cp"
+    assert collective_kind("all_gather_into_tensor", (0, 1, 2, 3), groups) == "dp"
+
+
+def test_unknown_fault_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FAULTS_ENV, "same_seed,typo")
+    with pytest.raises(AutotuneError, match=f"{FAULTS_ENV}: unknown fault 'typo'"):
+        faults()
+    monkeypatch.setenv(FAULTS_ENV, "same_seed")
+    assert faults() == {"same_seed"}
+
+
+class _OneProcess(LocalRunner):
+    """A launcher fault: torchrun starts one process whatever the layout asks (the real
+    local runner otherwise)."""
+
+    def command(self, plan: TrialPlan) -> list[str]:
+        argv = super().command(plan)
+        argv[argv.index("--nproc_per_node") + 1] = "1"
+        return argv
+
+
+def _run(tmp_path: Path, layout: Layout, *names: str, runner: type[LocalRunner] = LocalRunner
+         ) -> Measurement:
+    env = {FAULTS_ENV: ",".join(names)} if names else {}
+    trials = runner(steps=4, warmup=1, timeout_s=600, env=env)
+    return TrialPipeline(CFG, trials).run(layout, number=0, directory=tmp_path).measurement
+
+
+@pytest.mark.slow
+def test_a_correct_run_passes_and_its_parts_add_up(tmp_path: Path) -> None:
+    """Oracle: the step time the workload measures around the whole step; the parts are timed
+    separately per phase and must cover it to 5 %. DeepSpeed's engine reports the layout."""
+    m = _run(tmp_path, Layout(dp=2, zero=2, mbs=2, gas=2))
+    assert m.status == "ok", m.reason + m.log_tail[-2000:]
+    breakdown = m.extra["breakdown"]
+    assert abs(breakdown["unattributed_s"]) <= 0.05 * breakdown["step_time_s"]
+    assert {"compute", "dp_comm", "optimizer"} <= set(breakdown["parts"])
+    assert m.extra["ran"]["zero"] == 2 and m.extra["ran"]["world_size"] == 2
+    assert not m.extra.get("pitfalls")
+
+
+@pytest.mark.slow
+def test_injected_faults_are_caught_with_their_reason(tmp_path: Path) -> None:
+    """One real run with four faults at once: ZeRO configured away, the same data seed on both
+    dp ranks, rank 1 sleeping SLOW_S per forward and the loader sleeping SLOW_S per micro-batch
+    (2 micro-batches: 0.5 s of data loading per step)."""
+    m = _run(tmp_path, DP2, "zero_ignored", "same_seed", "slow_rank", "slow_data")
+    assert m.status == "invalid", m.reason + m.log_tail[-2000:]
+    assert "zero ran 0, layout asks 1" in m.reason
+    assert "data-parallel ranks [0, 1] trained on identical tokens" in m.reason
+    slow, stall = m.extra["pitfalls"]
+    assert slow.startswith("rank 1 is persistently slower")
+    assert stall.startswith("data loading takes") and "num_workers" in stall
+    data = statistics.median(m.extra["ranks"][0]["data_s"])
+    assert data >= 2 * SLOW_S
+
+
+@pytest.mark.slow
+def test_fewer_processes_than_the_layout_asks_is_invalid(tmp_path: Path) -> None:
+    """One process started for a dp=2 layout; the faulty program shrinks dp to fit instead of
+    refusing, and DeepSpeed's process group says world size 1."""
+    m = _run(tmp_path, DP2, "fit_world", runner=_OneProcess)
+    assert m.status == "invalid", m.reason + m.log_tail[-2000:]
+    assert "world_size ran 1, layout asks 2; dp ran 1, layout asks 2" in m.reason
