@@ -16,6 +16,7 @@ from autotune.specs.types import MemoryTBs
 from autotune.specs.types import NodeCount
 from autotune.specs.types import Precision
 from autotune.specs.types import TFlops
+from autotune.units import GIB
 
 
 class GPUSpec(BaseModel):
@@ -41,7 +42,7 @@ class GPUSpec(BaseModel):
     @property
     def memory_bytes(self) -> float:
         """Device memory in bytes (memory_gb read as GiB, as CUDA reports it)."""
-        return self.memory_gb * 2**30
+        return self.memory_gb * GIB
 
 
 class ClusterSpec(BaseModel):
