@@ -104,9 +104,8 @@ def _fit(names: Sequence[str], base: Constants, predict: Callable[[Constants], n
     median, worst = _residual_stats(predicted, measured)
     out = {}
     for name, value, lo, hi in zip(names, result.x, low, high, strict=True):
-        span = hi - lo
-        side = ("lower" if value - lo <= 1e-3 * span else
-                "upper" if hi - value <= 1e-3 * span else None)
+        side = ("lower" if value - lo <= 1e-9 + 1e-3 * abs(lo) else
+                "upper" if hi - value <= 1e-9 + 1e-3 * abs(hi) else None)
         out[name] = FittedConstant(value=float(value), before=float(getattr(base, name)),
                                    points=len(measured), median_residual=median,
                                    max_residual=worst, at_bound=side)

@@ -12,8 +12,9 @@ import typer
 from autotune.cli.app import app
 from autotune.run import RunnerSettings
 
-PROBLEM = ["--cluster", "--config", "--flash-attention", "--framework", "--gbs", "--model",
-           "--moe-a2a-overlap", "--moe-dispatcher", "--no-flash-attention",
+PROBLEM = ["--calibration", "--cluster", "--config", "--flash-attention", "--framework", "--gbs",
+           "--model", "--moe-a2a-overlap", "--moe-dispatcher", "--no-flash-attention",
+           "--ignore-calibration-mismatch", "--no-ignore-calibration-mismatch",
            "--no-moe-a2a-overlap", "--no-overlap-grad-reduce", "--no-tp-comm-overlap",
            "--overlap-grad-reduce", "--precision", "--processes", "--seq", "--space",
            "--tp-comm-overlap", "-c", "-m"]
@@ -29,6 +30,7 @@ PINNED = {
                     "--resume", "--scale", "--scale-gpus", "--scale-mode", "--storage",
                     "--study", "--top-k", "--trials"]),
     "scale": sorted([*PROBLEM, *RUNNER, "--gpus", "--json", "--layout", "--mode", "--out", "-l"]),
+    "calibrate": sorted([*PROBLEM, "--from-runs", "--margin", "--out"]),
     "report": ["--out"],
     "compare": ["--out"],
 }
