@@ -75,7 +75,7 @@ def test_slow_worker_is_named(cpu_cfg, tmp_path: Path) -> None:
 
 
 def test_lost_worker_is_named_and_its_points_kept(cpu_cfg, tmp_path: Path) -> None:
-    """Worker 1 is killed (SIGKILL) once it has written a point: the run ends incomplete,
+    """Worker 1 is killed (SIGKILL) once both workers wrote a point: the run ends incomplete,
     names worker 1 and the signal, and keeps the points both workers wrote."""
     many = _small_plan(gemms=[[512, 512, 512]] * 40, budget_s=0.05)
 
@@ -83,7 +83,8 @@ def test_lost_worker_is_named_and_its_points_kept(cpu_cfg, tmp_path: Path) -> No
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             started = _lines(tmp_path / "rank-1.jsonl")
-            if len(started) >= 2:  # its start record and one point
+            # each worker has written its start record and a point
+            if len(started) >= 2 and len(_lines(tmp_path / "rank-0.jsonl")) >= 2:
                 os.kill(int(json.loads(started[0])["pid"]), signal.SIGKILL)
                 return
             time.sleep(0.05)
