@@ -32,6 +32,8 @@ from pydantic import BeforeValidator
 from pydantic import ConfigDict
 from pydantic import Field
 
+from autotune.calibration.file import apply_calibration
+from autotune.calibration.file import load_calibration
 from autotune.costmodel.constants import constants_for
 from autotune.exceptions import AutotuneError
 from autotune.exceptions import shorten
@@ -91,6 +93,11 @@ class Problem(BaseModel):
     """A search space YAML file or bundled name; None: the framework's."""
     train: TrainOverrides = TrainOverrides()
     """Training settings that differ from the model preset's (any `TrainSpec` field)."""
+    calibration: str | None = None
+    """A calibration file (`autotune calibrate --out`): its measured constants and figures
+    replace the preset's in every prediction."""
+    ignore_calibration_mismatch: bool = False
+    """Use --calibration even when it was made on another GPU type or software stack."""
 
     def overrides(self) -> dict[str, Any]:
         """The training settings this problem sets (the rest keep the preset's)."""
@@ -99,7 +106,11 @@ class Problem(BaseModel):
     def load(self, default_framework: str = "megatron") -> AutotuneConfig:
         """The model, cluster and training setup (presets and files read, overrides applied)."""
         train = {"framework": default_framework, **self.overrides()}
-        return load_config(self.model, self.cluster, processes=self.processes, **train)
+        cfg = load_config(self.model, self.cluster, processes=self.processes, **train)
+        if self.calibration is None:
+            return cfg
+        return apply_calibration(cfg, load_calibration(self.calibration), self.calibration,
+                                 ignore_mismatch=self.ignore_calibration_mismatch)
 
 
 class ScaleSettings(BaseModel):

@@ -28,6 +28,11 @@ that ran out of memory and points whose offloaded states could exhaust the host.
 table as Markdown (and the raw records as JSON beside it) to
 ``benchmarks/results/h200-<date>.md`` or ``--out``, and prints it.
 
+Before the points, ``autotune calibrate``'s microbenchmarks run on the GPU
+(`autotune.calibration.calibrate.calibrate_cluster`, skipped with ``--no-calibrate``); the
+calibration file goes beside the table, and a second table gives each point's step time
+predicted with the presets and with the calibration (median and max |error| of both).
+
 Targets: predicted peak within 8 % of measured on every point that ran; no point the
 model calls feasible runs out of memory; step time within 10 % after the fit (``--refit``).
 """
@@ -54,6 +59,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from autotune.calibration.calibrate import calibrate_cluster  # noqa: E402
+from autotune.calibration.file import Calibration  # noqa: E402
+from autotune.calibration.file import apply_calibration  # noqa: E402
 from autotune.calibration.fit import Measured  # noqa: E402
 from autotune.calibration.fit import fit_constants  # noqa: E402
 from autotune.costmodel.constants import Constants  # noqa: E402
@@ -63,6 +71,7 @@ from autotune.costmodel.estimate import estimate  # noqa: E402
 from autotune.costmodel.memory import usable_gpu_bytes  # noqa: E402
 from autotune.layout import RECOMPUTES  # noqa: E402
 from autotune.layout import Layout  # noqa: E402
+from autotune.layout import LayoutTable  # noqa: E402
 from autotune.space.rules import violations  # noqa: E402
 from autotune.specs import AutotuneConfig  # noqa: E402
 from autotune.specs import Framework  # noqa: E402
@@ -703,6 +712,44 @@ def _environment() -> str:
     return ", ".join(parts)
 
 
+def calibrate_gpu(planned: Sequence[tuple[Point, Prediction]], folder: Path) -> Calibration:
+    """`autotune calibrate` on this machine's GPU for the first point's model, with the
+    layouts of every planned point of that model (their GEMM and attention shapes)."""
+    first = planned[0][0]
+    cfg = problem(first)
+    layouts = LayoutTable.from_layouts([p.layout for p, _ in planned if p.model == first.model])
+    calibration = calibrate_cluster(cfg, layouts, folder)
+    if not calibration.complete:
+        raise SystemExit(f"gpu_check: {calibration.failure}")
+    return calibration
+
+
+def calibrated_table(rows: Sequence[tuple[Point, Prediction, Result]], calibration: Calibration,
+                     path: Path) -> str:
+    """Step time predicted with the presets and with the calibration, against measured."""
+    lines = ["## Step time with and without the calibration", "",
+             f"Calibration: `{path.name}` ({len(calibration.points)} microbenchmark points; "
+             "it saw no training step).", "",
+             "| # | workload | model | layout | step s | presets s | err | calibrated s | err |",
+             "|" + "---|" * 9]
+    before, after = [], []
+    for number, (point, pred, res) in enumerate(rows, 1):
+        cfg = apply_calibration(problem(point), calibration, path.name)
+        fitted = predict(point, constants_for(cfg.cluster.gpu)).step_time_s
+        if res.step_time_s:
+            before.append(abs(pred.step_time_s / res.step_time_s - 1))
+            after.append(abs(fitted / res.step_time_s - 1))
+        lines.append(f"| {number} | {point.workload} | {point.model} | {point.label} | "
+                     f"{_num(res.step_time_s)} | {_num(pred.step_time_s)} | "
+                     f"{_err(res.step_time_s, pred.step_time_s)} | {_num(fitted)} | "
+                     f"{_err(res.step_time_s, fitted)} |")
+    if before:
+        lines += ["", f"Median |error| {statistics.median(before):.1%} (max {max(before):.1%}) "
+                  f"with the presets, {statistics.median(after):.1%} (max {max(after):.1%}) "
+                  f"with the calibration, over {len(before)} points that ran.", ""]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path,
@@ -712,6 +759,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refit", type=Path, help="records (.json) of a run: suggest constants")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--no-calibrate", action="store_true",
+                        help="skip the microbenchmark calibration before the points")
     parser.add_argument("--work", type=Path, default=Path("/tmp/autotune-gpu-check"),
                         help="folder for the points' inputs and logs")
     args = parser.parse_args(argv)
@@ -729,7 +778,14 @@ def main(argv: list[str] | None = None) -> int:
     environment = _environment()
     print(f"gpu_check: {len(planned)} points, budget {args.budget_s:.0f} s; {environment}",
           flush=True)
-    results, notes = execute(planned, args.budget_s, args.work,
+    budget_s, calibration = args.budget_s, None
+    if not args.no_calibrate:
+        started = time.monotonic()
+        calibration = calibrate_gpu(planned, args.work / "calibration")
+        budget_s -= time.monotonic() - started
+        print(f"calibrate: {time.monotonic() - started:.0f} s, {len(calibration.points)} points;"
+              f" {'; '.join(calibration.warnings) or 'no warnings'}", flush=True)
+    results, notes = execute(planned, budget_s, args.work,
                              log=lambda line: print(line, flush=True))
     rows = [(p, pred, res) for (p, pred), res in zip(planned, results, strict=True)]
     records = [_record(p, pred, res, k) for p, pred, res in rows]
@@ -755,6 +811,9 @@ def main(argv: list[str] | None = None) -> int:
         "already ran out of memory); the JSON records beside this file list them.",
         "",
     ])
+    if calibration is not None:
+        calibration.write(out.with_suffix(".calibration.yaml"))
+        text += "\n" + calibrated_table(ran, calibration, out.with_suffix(".calibration.yaml"))
     out.write_text(text)
     out.with_suffix(".json").write_text(json.dumps(
         {"environment": environment, "notes": notes, "records": records}, indent=1) + "\n")

@@ -198,6 +198,7 @@ def _headline(cfg: AutotuneConfig) -> str:
         f"({cfg.world_size} × {cfg.cluster.gpu.name}), {cfg.train.framework}, "
         f"seq {cfg.train.seq_length}, global batch {cfg.train.global_batch_size}, "
         f"{cfg.train.precision}"
+        + (f", calibration {cfg.cluster.gpu.calibration}" if cfg.cluster.gpu.calibration else "")
     )
 
 

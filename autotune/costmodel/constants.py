@@ -139,5 +139,6 @@ def _table() -> dict[str, dict[str, Any]]:
 
 
 def constants_for(gpu: GPUSpec) -> Constants:
-    """The calibrated constants of a GPU preset, else the defaults."""
-    return Constants(**_table().get(gpu.name, _table().get("default", {})))
+    """The calibrated constants of a GPU preset, else the defaults; a calibration file's
+    (`GPUSpec.constants`, see `autotune.calibration.file`) over both."""
+    return Constants(**{**_table().get(gpu.name, _table().get("default", {})), **gpu.constants})

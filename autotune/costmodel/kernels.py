@@ -229,9 +229,10 @@ def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
                 moe: bool = False) -> LayerTimes:
     """One dense (or MoE) layer's compute for one micro-batch on one GPU of each layout."""
     m, train, gpu = cfg.model, cfg.train, cfg.cluster.gpu
-    peak16 = gpu.peak_tflops.get("bf16", gpu.peak_tflops[train.precision]) * 1e12
     fp8 = train.precision == "fp8"
     peak = gpu.peak_tflops[train.precision] * 1e12
+    # what runs outside FP8 GEMMs runs at 16 bits in FP8 training, else at the training precision
+    peak16 = gpu.peak_tflops.get("bf16", gpu.peak_tflops[train.precision]) * 1e12 if fp8 else peak
     hbm = gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
     s = train.seq_length
     n = t.mbs * s / t.cp  # tokens of this GPU (all of them enter every tensor-parallel GEMM)

@@ -213,6 +213,8 @@ def _inputs_tables(run: data.RunData) -> dict[str, Table]:
         ["intra-node link (per GPU, per direction)", f"{c.intra_node_gb_s:g} GB/s"],
         ["inter-node link (per GPU, per direction)", f"{c.inter_node_gb_s:g} GB/s"],
         ["host memory per node / PCIe", f"{c.host_memory_gb:g} GB / {c.pcie_gb_s:g} GB/s"],
+        *([["cost-model constants", f"calibration {c.gpu.calibration}"]]
+          if c.gpu.calibration else []),
     ])
     info = run.run_info
     options = ", ".join(f"{k}={v}" for k, v in sorted((info.get("runner_options") or {}).items()))

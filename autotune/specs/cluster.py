@@ -8,6 +8,7 @@ from pydantic import StrictBool
 
 from autotune.specs.types import FROZEN
 from autotune.specs.types import DevicesPerNode
+from autotune.specs.types import FiniteFloat
 from autotune.specs.types import GpuHourPrice
 from autotune.specs.types import GpuMemoryGiB
 from autotune.specs.types import HostMemoryGB
@@ -33,6 +34,11 @@ class GPUSpec(BaseModel):
     """Dense (no sparsity) peak in TFLOP/s per precision; a missing key means unsupported."""
     hbm_tb_s: MemoryTBs
     """Device memory bandwidth in TB/s."""
+    constants: dict[str, FiniteFloat] = Field(default_factory=dict)
+    """Cost-model constants measured on this device, over the preset's
+    (`autotune.costmodel.constants`): set by a calibration file, empty otherwise."""
+    calibration: str = ""
+    """The calibration file these figures and constants come from ('' = presets only)."""
 
     @property
     def memory_bytes(self) -> float:

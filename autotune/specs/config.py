@@ -33,9 +33,14 @@ class AutotuneConfig(BaseModel):
         """What makes two problems the same: model, training, and the cluster's shape and GPU
         (not throughput figures measured on the spot, as for the local CPU cluster)."""
         cluster = self.cluster.model_dump(mode="json", exclude={"gpu"})
-        cluster["gpu"] = {"name": self.cluster.gpu.name}
+        gpu = self.cluster.gpu
+        # a calibration makes it another problem; without one the identity stays as it was
+        uncalibrated = {"constants", "calibration"} if not gpu.calibration else set()
+        cluster["gpu"] = {"name": gpu.name}
+        if gpu.calibration:
+            cluster["gpu"]["calibration"] = gpu.calibration
         if not self.cluster.cpu_processes:
-            cluster["gpu"] = self.cluster.gpu.model_dump(mode="json")
+            cluster["gpu"] = gpu.model_dump(mode="json", exclude=uncalibrated)
         else:
             cluster.pop("host_memory_gb")
         return {"model": self.model.model_dump(mode="json"), "cluster": cluster,

@@ -12,8 +12,9 @@ import typer
 from autotune.cli.app import app
 from autotune.run import RunnerSettings
 
-PROBLEM = ["--cluster", "--config", "--flash-attention", "--framework", "--gbs", "--model",
-           "--moe-a2a-overlap", "--moe-dispatcher", "--no-flash-attention",
+PROBLEM = ["--calibration", "--cluster", "--config", "--flash-attention", "--framework", "--gbs",
+           "--model", "--moe-a2a-overlap", "--moe-dispatcher", "--no-flash-attention",
+           "--ignore-calibration-mismatch", "--no-ignore-calibration-mismatch",
            "--no-moe-a2a-overlap", "--no-overlap-grad-reduce", "--no-tp-comm-overlap",
            "--overlap-grad-reduce", "--precision", "--processes", "--seq", "--space",
            "--tp-comm-overlap", "-c", "-m"]
@@ -30,11 +31,14 @@ PINNED = {
                     "--scale", "--scale-gpus", "--scale-mode", "--stop-when-confident",
                     "--storage", "--study", "--top-k", "--trials", "--verify"]),
     "scale": sorted([*PROBLEM, *RUNNER, "--gpus", "--json", "--layout", "--mode", "--out", "-l"]),
+    "calibrate": sorted([*PROBLEM, "--from-runs", "--margin", "--out"]),
     "report": ["--out"],
     "compare": ["--out"],
-    "plan": sorted([*(o for o in PROBLEM if o != "--processes"), *RUNNER, "--budget",
-                    "--calibration", "--deadline", "--json", "--max-gbs-tokens", "--out",
-                    "--price", "--tokens", "--verify-sizes"]),
+    "plan": sorted([*(o for o in PROBLEM if o not in (
+                        "--processes", "--ignore-calibration-mismatch",
+                        "--no-ignore-calibration-mismatch")), *RUNNER, "--budget",
+                    "--deadline", "--json", "--max-gbs-tokens", "--out", "--price", "--tokens",
+                    "--verify-sizes"]),
     "verify": ["--launcher", "--runner", "--steps", "--timeout"],
 }
 ARGUMENTS = {"report": ["directory"], "compare": ["dirs"], "verify": ["directory"]}

@@ -1,0 +1,250 @@
+"""One worker of a calibration run: kernels, copies and collectives timed with torch.
+
+Started once per GPU (or CPU worker) by `autotune.calibration.microbench` (or `srun` across
+nodes)::
+
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \\
+        python -m autotune.calibration.bench_worker --plan plan.json --out DIR
+
+The plan (JSON, `microbench.bench_plan`) lists GEMM shapes and dtypes, attention shapes,
+elementwise and copy sizes, collective message and group sizes. Every worker times its own
+kernels, all at once as in training; then the group runs each collective (the slowest rank's
+time counts, as in nccl-tests) and every link of a ring sends alone. Each worker appends its
+points to `DIR/rank-<r>.jsonl` as it goes (a lost worker leaves what it measured) and ends with
+a `done` record. Under Slurm the rank comes from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+BUS_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}
+"""nccl-tests' bus bandwidth: busbw = algbw · factor · (n − 1)/n (`doc/PERFORMANCE.md`)."""
+
+
+class Worker:
+    """This process's rank, device and output file."""
+
+    def __init__(self, out: Path) -> None:
+        env = os.environ
+        self.rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
+        self.world = int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "1")))
+        self.local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")))
+        env.setdefault("RANK", str(self.rank))  # what init_process_group reads
+        env.setdefault("WORLD_SIZE", str(self.world))
+        self.host = socket.gethostname()
+        self.cuda = torch.cuda.is_available()
+        if self.cuda:
+            torch.cuda.set_device(self.local)
+        self.device = torch.device("cuda", self.local) if self.cuda else torch.device("cpu")
+        self.file = (out / f"rank-{self.rank}.jsonl").open("a")
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record and flush it (a worker may be lost at any point)."""
+        self.file.write(json.dumps({"rank": self.rank, **record}) + "\n")
+        self.file.flush()
+
+    def sync(self) -> None:
+        """Wait for this device's queued work."""
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def timed(worker: Worker, fn: Callable[[], Any], budget_s: float, most: int = 50,
+          exactly: int | None = None) -> float:
+    """Median seconds of `fn` after one warm-up call, repeated until `budget_s` or `most`
+    (or `exactly` times: collectives, where every rank must make the same calls)."""
+    fn()
+    worker.sync()
+    times: list[float] = []
+    spent = 0.0
+    while (len(times) < exactly if exactly is not None
+           else len(times) < 3 or (spent < budget_s and len(times) < most)):
+        start = time.perf_counter()
+        fn()
+        worker.sync()
+        times.append(time.perf_counter() - start)
+        spent += times[-1]
+    return statistics.median(times)
+
+
+def gemms(worker: Worker, plan: dict[str, Any]) -> None:
+    """Each GEMM shape and dtype: seconds and FLOP/s."""
+    for dtype in plan["dtypes"]:
+        for m, n, k in plan["gemms"]:
+            a = torch.randn(m, k, device=worker.device).to(DTYPES[dtype])
+            b = torch.randn(k, n, device=worker.device).to(DTYPES[dtype])
+            def mm(a: torch.Tensor = a, b: torch.Tensor = b) -> None:
+                torch.mm(a, b)
+
+            seconds = timed(worker, mm, plan["budget_s"])
+            worker.write({"kind": "gemm", "op": "mm", "dtype": dtype,
+                          "shape": {"m": m, "n": n, "k": k}, "seconds": seconds,
+                          "rate": 2 * m * n * k / seconds})
+
+
+def attention(worker: Worker, plan: dict[str, Any]) -> None:
+    """Causal SDPA forward plus backward at each (batch, heads, seq, head_dim)."""
+    dtype = DTYPES[plan["attention_dtype"]]
+    for b, heads, seq, dim in plan["attention"]:
+        q, k, v = (torch.randn(b, heads, seq, dim, device=worker.device, dtype=dtype,
+                               requires_grad=True) for _ in range(3))
+
+        def step(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v) -> None:
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out.sum().backward()  # type: ignore[no-untyped-call]
+
+        seconds = timed(worker, step, plan["budget_s"])
+        causal = 4 * b * heads * seq * seq * dim / 2  # QK^T and PV forward, half the square
+        worker.write({"kind": "attention", "op": "sdpa", "dtype": plan["attention_dtype"],
+                      "shape": {"b": b, "heads": heads, "seq": seq, "head_dim": dim},
+                      "seconds": seconds, "rate": 3 * causal / seconds})
+
+
+def memory(worker: Worker, plan: dict[str, Any]) -> None:
+    """Elementwise add (two reads, one write) and, on GPUs, pinned host<->device copies."""
+    for nbytes in plan["elementwise_bytes"]:
+        x, y = (torch.randn(nbytes // 4, device=worker.device) for _ in range(2))
+        out = torch.empty_like(x)
+        def add(x: torch.Tensor = x, y: torch.Tensor = y, out: torch.Tensor = out) -> None:
+            torch.add(x, y, out=out)
+
+        seconds = timed(worker, add, plan["budget_s"])
+        worker.write({"kind": "elementwise", "op": "add", "dtype": "fp32",
+                      "shape": {"bytes": 3 * nbytes}, "seconds": seconds,
+                      "rate": 3 * nbytes / seconds})
+    if not worker.cuda:
+        return
+    for nbytes in plan["copy_bytes"]:
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        device = torch.empty(nbytes, dtype=torch.uint8, device=worker.device)
+        for op, dst, src in (("h2d", device, host), ("d2h", host, device)):
+            def copy(d: torch.Tensor = dst, s: torch.Tensor = src) -> None:
+                d.copy_(s, non_blocking=True)
+
+            seconds = timed(worker, copy, plan["budget_s"])
+            worker.write({"kind": "copy", "op": op, "shape": {"bytes": nbytes},
+                          "seconds": seconds, "rate": nbytes / seconds})
+
+
+def _collective(op: str, buffer: torch.Tensor, n: int, group: Any) -> Callable[[], Any]:
+    """The call that runs `op` on `buffer` (the full buffer of nccl-tests' size)."""
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(buffer, group=group)
+    if op == "all_gather":
+        shard = buffer[: buffer.numel() // n]
+        return lambda: dist.all_gather_into_tensor(buffer, shard, group=group)
+    if op == "reduce_scatter":
+        shard = torch.empty(buffer.numel() // n, dtype=buffer.dtype, device=buffer.device)
+        reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+        return lambda: reduce_scatter(shard, buffer, group=group)
+    received = torch.empty_like(buffer)
+    return lambda: dist.all_to_all_single(received, buffer, group=group)
+
+
+def _slowest(worker: Worker, seconds: float) -> float:
+    """The largest of every rank's time."""
+    value = torch.tensor([seconds], dtype=torch.float64, device=worker.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
+
+
+def collectives(worker: Worker, plan: dict[str, Any]) -> None:
+    """Each op over each group of the first g ranks and each message size; rank 0 writes the
+    slowest rank's median time and the bus bandwidth."""
+    for size in plan["group_sizes"]:
+        members = list(range(size))
+        group = dist.new_group(members)
+        inside = worker.rank < size
+        for op in plan["collective_ops"]:
+            for nbytes in plan["message_bytes"]:
+                seconds = 1e-12
+                if inside:
+                    elements = max(size, nbytes // 4 // size * size)
+                    buffer = torch.ones(elements, device=worker.device)
+                    seconds = timed(worker, _collective(op, buffer, size, group),
+                                    plan["budget_s"], exactly=plan["collective_repeats"])
+                slowest = _slowest(worker, seconds)
+                if worker.rank == 0:
+                    moved = BUS_FACTOR[op] * (size - 1) / size * nbytes
+                    worker.write({"kind": "collective", "op": op, "dtype": "fp32",
+                                  "shape": {"bytes": nbytes}, "ranks": members,
+                                  "seconds": slowest, "rate": moved / slowest})
+        dist.barrier()
+
+
+def links(worker: Worker, plan: dict[str, Any]) -> None:
+    """Send/recv over every link of the ring r -> r+1, one link at a time; the receiver
+    writes its time (the send completes when the data has arrived)."""
+    if worker.world < 2:
+        return
+    for src in range(worker.world):
+        dst = (src + 1) % worker.world
+        for nbytes in plan["message_bytes"]:
+            buffer = torch.ones(max(1, nbytes // 4), device=worker.device)
+            repeats = plan["collective_repeats"]
+            dist.barrier()
+            if worker.rank not in (src, dst):
+                continue
+            peer = dst if worker.rank == src else src
+            move = dist.send if worker.rank == src else dist.recv
+            move(buffer, peer)  # warm-up
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                move(buffer, peer)
+                worker.sync()
+                times.append(time.perf_counter() - start)
+            if worker.rank == dst:
+                seconds = statistics.median(times)
+                worker.write({"kind": "send", "op": "send_recv", "dtype": "fp32",
+                              "shape": {"bytes": nbytes}, "ranks": [src, dst],
+                              "seconds": seconds, "rate": nbytes / seconds})
+    dist.barrier()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the plan on this worker (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    plan = json.loads(args.plan.read_text())
+    worker = Worker(args.out)
+    threads = int(os.environ.get("OMP_NUM_THREADS", "0"))
+    if threads and not worker.cuda:
+        torch.set_num_threads(threads)
+    name = torch.cuda.get_device_name(worker.device) if worker.cuda else "cpu"
+    memory_gib = (torch.cuda.get_device_properties(worker.device).total_memory / 2**30
+                  if worker.cuda else 0.0)
+    worker.write({"event": "start", "pid": os.getpid(), "host": worker.host,
+                  "device": name if worker.cuda else f"cpu ({torch.get_num_threads()} threads)",
+                  "memory_gib": memory_gib})
+    torch.manual_seed(worker.rank)
+    gemms(worker, plan)
+    attention(worker, plan)
+    memory(worker, plan)
+    if worker.world > 1:
+        dist.init_process_group("nccl" if worker.cuda else "gloo",
+                                device_id=worker.device if worker.cuda else None)
+        collectives(worker, plan)
+        links(worker, plan)
+        dist.destroy_process_group()
+    worker.write({"event": "done"})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,252 @@
+"""Fit the cost model's kernel and link constants to microbenchmark points; screen the nodes.
+
+Each constant is fitted to the points of the formula it appears in, through the model's own
+functions, so a residual is the model's error on that kernel:
+
+- GEMMs (training dtype): `gemm_efficiency`, `gemm_half_size` in
+  `autotune.costmodel.kernels.gemm_efficiency` (least squares on log time);
+- causal attention forward+backward: `attention_efficiency` (3 × forward causal FLOPs at that
+  fraction of the peak, as `kernels.layer_times` charges it);
+- elementwise add: `hbm_efficiency` (bytes over the device's memory bandwidth);
+- collectives and sends within a node: `nvlink_efficiency`, `latency_base_s`, `latency_intra_s`
+  in `autotune.costmodel.collectives` (`collective_s`, `all_to_all_s`, `send_s`); across nodes
+  also `comm_efficiency`, `latency_inter_s`.
+
+On GPUs the datasheet figures (peak, HBM, NVLink, NIC) stay and the efficiencies are fitted
+against them. CPU workers have no datasheet: their figures become the measured ones (fastest
+GEMM, fastest elementwise bandwidth, fastest collective bus bandwidth) and the efficiencies
+what the other points reach of them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from autotune.calibration.file import FittedConstant
+from autotune.calibration.file import Point
+from autotune.calibration.file import Screening
+from autotune.calibration.file import WorkerRate
+from autotune.costmodel.collectives import all_to_all_s
+from autotune.costmodel.collectives import collective_s
+from autotune.costmodel.collectives import send_s
+from autotune.costmodel.constants import Constants
+from autotune.costmodel.kernels import gemm_efficiency
+from autotune.specs import AutotuneConfig
+
+SCREEN_MARGIN = 0.2
+"""A worker or link this far below the median of its peers is named slow."""
+KERNEL_BOUNDS: dict[str, tuple[float, float]] = {
+    "gemm_efficiency": (1e-3, 1.0),
+    "gemm_half_size": (1.0, 1e5),
+    "attention_efficiency": (1e-3, 1.0),
+    "hbm_efficiency": (1e-3, 1.0),
+    "nvlink_efficiency": (1e-3, 1.0),
+    "comm_efficiency": (1e-3, 1.0),
+    "latency_base_s": (0.0, 0.1),
+    "latency_intra_s": (0.0, 0.1),
+    "latency_inter_s": (0.0, 0.1),
+}
+"""Ranges the microbenchmark fits may move a constant in: the fields' physical ranges (an
+efficiency in (0, 1]), wider than the GPU-plausible `FIT_BOUNDS` of the step-time fit."""
+
+
+def point_key(p: Point) -> tuple[Any, ...]:
+    """What makes two points the same measurement on different workers."""
+    return (p.kind, p.op, p.dtype, tuple(sorted(p.shape.items())),
+            tuple(p.ranks) if p.kind in ("collective", "send") else ())
+
+
+def merged(points: Sequence[Point]) -> list[Point]:
+    """One point per kernel and shape: the median over workers (per-worker points stay in the
+    file for screening)."""
+    groups: dict[tuple[Any, ...], list[Point]] = defaultdict(list)
+    for p in points:
+        groups[point_key(p)].append(p)
+    out = []
+    for group in groups.values():
+        seconds = statistics.median(p.seconds for p in group)
+        ranks = sorted({r for p in group for r in p.ranks})
+        out.append(group[0].model_copy(update={
+            "seconds": seconds, "rate": group[0].rate * group[0].seconds / seconds,
+            "ranks": ranks}))
+    return out
+
+
+def _residual_stats(predicted: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
+    errors = np.abs(predicted / measured - 1)
+    return float(np.median(errors)), float(np.max(errors))
+
+
+def _fit(names: Sequence[str], base: Constants, predict: Callable[[Constants], np.ndarray],
+         measured: np.ndarray) -> tuple[Constants, dict[str, FittedConstant], np.ndarray]:
+    """Least squares on log(predicted / measured) over `names`, within KERNEL_BOUNDS."""
+    low = np.array([KERNEL_BOUNDS[n][0] for n in names])
+    high = np.array([KERNEL_BOUNDS[n][1] for n in names])
+    start = np.clip([float(getattr(base, n)) for n in names], low, high)
+
+    def constants(x: np.ndarray) -> Constants:
+        return base.model_copy(update=dict(zip(names, map(float, x), strict=True)))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        ratio: np.ndarray = np.log(np.maximum(predict(constants(x)), 1e-30) / measured)
+        return ratio
+
+    result = least_squares(residuals, start, bounds=(low, high), x_scale="jac")
+    fitted = constants(result.x)
+    predicted = predict(fitted)
+    median, worst = _residual_stats(predicted, measured)
+    out = {}
+    for name, value, lo, hi in zip(names, result.x, low, high, strict=True):
+        side = ("lower" if value - lo <= 1e-9 + 1e-3 * abs(lo) else
+                "upper" if hi - value <= 1e-9 + 1e-3 * abs(hi) else None)
+        out[name] = FittedConstant(value=float(value), before=float(getattr(base, name)),
+                                   points=len(measured), median_residual=median,
+                                   max_residual=worst, at_bound=side)
+    return fitted, out, predicted
+
+
+def _with_prediction(points: list[Point], predicted: np.ndarray) -> list[Point]:
+    return [p.model_copy(update={"predicted_s": float(s)})
+            for p, s in zip(points, predicted, strict=True)]
+
+
+def measured_figures(cfg: AutotuneConfig, points: Sequence[Point]) -> AutotuneConfig:
+    """For CPU workers: the cluster with the measured figures (peak of the training dtype =
+    fastest GEMM, HBM = fastest elementwise, link = fastest collective bus bandwidth); GPUs keep
+    their datasheet."""
+    if not cfg.cluster.cpu_processes:
+        return cfg
+    precision = cfg.train.precision
+    gemm = [p.rate for p in points if p.kind == "gemm" and p.dtype == precision]
+    memory = [p.rate for p in points if p.kind == "elementwise"]
+    link = [p.rate for p in points if p.kind in ("collective", "send")]
+    gpu = cfg.cluster.gpu
+    update: dict[str, Any] = {}
+    if gemm:
+        update["peak_tflops"] = {**gpu.peak_tflops, precision: max(gemm) / 1e12}
+    if memory:
+        update["hbm_tb_s"] = max(memory) / 1e12
+    cluster: dict[str, Any] = {"gpu": gpu.model_copy(update=update)}
+    if link:
+        cluster["intra_node_gb_s"] = max(link) / 1e9
+    return cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update=cluster)})
+
+
+def fit_kernels(cfg: AutotuneConfig, points: Sequence[Point], base: Constants
+                ) -> tuple[dict[str, FittedConstant], list[Point]]:
+    """Fit the constants each kind of point identifies (module docstring); returns them and
+    every point with the fitted model's time (`predicted_s`)."""
+    gpu = cfg.cluster.gpu
+    precision = cfg.train.precision if cfg.train.precision != "fp8" else "bf16"
+    peak = gpu.peak_tflops[precision] * 1e12
+    fitted: dict[str, FittedConstant] = {}
+    k = base
+    out: list[Point] = []
+    pts = merged(points)
+
+    gemms = [p for p in pts if p.kind == "gemm" and p.dtype == precision]
+    if len(gemms) >= 2:
+        m, n, kk = (np.array([p.shape[d] for p in gemms], dtype=float) for d in "mnk")
+        measured = np.array([p.seconds for p in gemms])
+        k, found, predicted = _fit(
+            ("gemm_efficiency", "gemm_half_size"), k,
+            lambda c: 2 * m * n * kk / (peak * gemm_efficiency(m, n, kk, c)), measured)
+        fitted.update(found)
+        out += _with_prediction(gemms, predicted)
+
+    attention = [p for p in pts if p.kind == "attention"]
+    if attention:
+        flops = np.array([p.rate * p.seconds for p in attention])
+        measured = np.array([p.seconds for p in attention])
+        dtype = attention[0].dtype if attention[0].dtype in gpu.peak_tflops else precision
+        attention_peak = gpu.peak_tflops[dtype] * 1e12
+        k, found, predicted = _fit(("attention_efficiency",), k,
+                                   lambda c: flops / (attention_peak * c.attention_efficiency),
+                                   measured)
+        fitted.update(found)
+        out += _with_prediction(attention, predicted)
+
+    memory = [p for p in pts if p.kind == "elementwise"]
+    if memory:
+        moved = np.array([p.shape["bytes"] for p in memory], dtype=float)
+        measured = np.array([p.seconds for p in memory])
+        hbm = gpu.hbm_tb_s * 1e12
+        k, found, predicted = _fit(("hbm_efficiency",), k,
+                                   lambda c: moved / (hbm * c.hbm_efficiency), measured)
+        fitted.update(found)
+        out += _with_prediction(memory, predicted)
+
+    comm = [p for p in pts if p.kind in ("collective", "send")]
+    if comm:
+        across = cfg.cluster.nodes > 1
+        names = ["nvlink_efficiency", "latency_base_s", "latency_intra_s"]
+        names += ["comm_efficiency", "latency_inter_s"] if across else []
+        measured = np.array([p.seconds for p in comm])
+        k, found, predicted = _fit(names, k, lambda c: comm_seconds(cfg, comm, c), measured)
+        fitted.update(found)
+        out += _with_prediction(comm, predicted)
+    predicted_s = {point_key(p): p.predicted_s for p in out}
+    return fitted, [p.model_copy(update={"predicted_s": predicted_s.get(point_key(p))})
+                    for p in points]
+
+
+def comm_seconds(cfg: AutotuneConfig, points: Sequence[Point], k: Constants) -> np.ndarray:
+    """The model's time of each collective or send point (`autotune.costmodel.collectives`)."""
+    per_node = np.array([float(cfg.cluster.gpus_per_node)])
+    times = []
+    for p in points:
+        nbytes = np.array([float(p.shape["bytes"])])
+        ranks = np.array([float(len(p.ranks))])
+        if p.kind == "send":
+            node = [r // cfg.cluster.gpus_per_node for r in p.ranks]
+            times.append(send_s(nbytes, np.array([node[0] != node[-1]]), cfg, k)[0])
+        elif p.op == "all_to_all":
+            times.append(all_to_all_s(nbytes, ranks, per_node, cfg, k)[0])
+        else:
+            times.append(collective_s(p.op, nbytes, ranks, per_node, cfg, k)[0])  # type: ignore[arg-type]
+    return np.array(times, dtype=float)
+
+
+def _relative(rates: dict[tuple[int, ...], float]) -> dict[tuple[int, ...], float]:
+    """Each rate over the median of the others (its peers)."""
+    out = {}
+    for key, rate in rates.items():
+        peers = [r for other, r in rates.items() if other != key]
+        out[key] = rate / statistics.median(peers) if peers else 1.0
+    return out
+
+
+def screen(points: Sequence[Point], hosts: dict[int, str],
+           margin: float = SCREEN_MARGIN) -> Screening:
+    """Per-worker GEMM rate (median of the three largest shapes every worker ran), per-link
+    send bandwidth at the largest message; each relative to the median of its peers."""
+    gemm: dict[int, dict[tuple[int, ...], float]] = defaultdict(dict)
+    for p in points:
+        if p.kind == "gemm":
+            gemm[p.ranks[0]][tuple(sorted(p.shape.values()))] = p.rate
+    common = set.intersection(*(set(g) for g in gemm.values())) if gemm else set()
+    workers = []
+    if common:
+        # the median over the 3 largest shapes damps one unlucky timing
+        top = sorted(common, key=lambda s: float(np.prod(s)))[-3:]
+        rates: dict[tuple[int, ...], float] = {
+            (r,): statistics.median(g[s] for s in top) for r, g in gemm.items()}
+        workers = [WorkerRate(ranks=list(key), host=hosts.get(key[0], ""), rate=rate,
+                              relative=rel) for (key, rate), rel
+                   in zip(rates.items(), _relative(rates).values(), strict=True)]
+    sends = [p for p in points if p.kind == "send"]
+    links = []
+    if sends:
+        biggest = max(p.shape["bytes"] for p in sends)
+        rates = {tuple(p.ranks): p.rate for p in sends if p.shape["bytes"] == biggest}
+        links = [WorkerRate(ranks=list(key), host=hosts.get(key[0], ""), rate=rate,
+                            relative=rel) for (key, rate), rel
+                 in zip(rates.items(), _relative(rates).values(), strict=True)]
+    return Screening(margin=margin, workers=workers, links=links)

@@ -1,0 +1,129 @@
+"""The whole model against real training on this machine: calibrate, then predict real trials.
+
+1. `calibrate` the local CPU cluster (gloo workers): microbenchmarks only, no training step, so
+   the calibration never sees the trials it is judged on.
+2. Run real DeepSpeed trials (`--runner local`) of two small models over layouts varying dp,
+   tp, pp, cp, ZeRO 0-3, offload and mbs.
+3. Print predicted (uncalibrated and calibrated) against measured step time and peak memory per
+   layout, with median and max |error|.
+
+    python benchmarks/cpu_validation.py [--workers 2] [--steps 5] [--out DIR]
+
+Targets: median |error| <= 10 % (max 25 %) on step time, <= 15 % on peak memory; calibrate in
+under 2 minutes. CPU heavy (a few minutes per model): run it niced on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from autotune.calibration.calibrate import calibrate_cluster
+from autotune.calibration.file import apply_calibration
+from autotune.costmodel.estimate import estimate as estimate_layout
+from autotune.layout import Layout
+from autotune.runners.local import LocalRunner
+from autotune.space.search_space import enumerate_layouts
+from autotune.space.search_space import load_space
+from autotune.specs import AutotuneConfig
+from autotune.specs.inputs import load_config
+from autotune.trial import TrialPipeline
+
+LAYOUTS = [
+    "tp=1,pp=1,cp=1,zero=0,mbs=1", "tp=1,pp=1,cp=1,zero=0,mbs=4", "tp=1,pp=1,cp=1,zero=1,mbs=2",
+    "tp=1,pp=1,cp=1,zero=2,mbs=2", "tp=1,pp=1,cp=1,zero=3,mbs=2", "tp=1,pp=1,cp=1,zero=3,mbs=8",
+    "tp=1,pp=1,cp=1,zero=2,offload=optimizer,mbs=2",
+    "tp=1,pp=1,cp=1,zero=3,offload=optimizer+params,mbs=2",
+    "tp=2,pp=1,cp=1,zero=0,mbs=2", "tp=2,pp=1,cp=1,zero=1,mbs=4",
+    "tp=1,pp=2,cp=1,zero=0,mbs=2", "tp=1,pp=2,cp=1,zero=1,mbs=1",
+    "tp=1,pp=1,cp=2,zero=0,mbs=2", "tp=1,pp=1,cp=2,zero=2,mbs=4",
+]
+"""Layouts of 2 workers: dp 2 or 1, tp, pp, cp 2, ZeRO 0-3, both offloads, mbs 1-8."""
+MODELS = ("tiny-gpt", "tiny-moe")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def validate(model: str, workers: int, steps: int, out: Path) -> list[dict[str, object]]:
+    """Calibrate for `model`, run its trials, return one row per layout."""
+    cfg = load_config(model, "local", framework="deepspeed", processes=workers)
+    feasible = enumerate_layouts(cfg, load_space(None, "deepspeed")).feasible
+    started = time.monotonic()
+    calibration = calibrate_cluster(cfg, feasible, out / model / "calibration")
+    took = time.monotonic() - started
+    calibration.write(out / model / "calibration.yaml")
+    print(f"{model}: calibrate took {took:.0f} s ({len(calibration.points)} points); warnings: "
+          f"{'; '.join(calibration.warnings) or 'none'}", flush=True)
+    calibrated = apply_calibration(cfg, calibration, str(out / model / "calibration.yaml"))
+    runner = LocalRunner(steps=steps, warmup=2, hang_timeout_s=300)
+    rows = []
+    for number, text in enumerate(LAYOUTS):
+        layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size,
+                              _framework(cfg))
+        plain, fitted = estimate_layout(cfg, layout), estimate_layout(calibrated, layout)
+        result = TrialPipeline(calibrated, runner).run(layout, number=number,
+                                                       directory=out / model / "trials")
+        m = result.measurement
+        row: dict[str, object] = {"model": model, "layout": text, "status": m.status,
+                                  "measured_s": m.step_time_s, "peak": m.peak_memory_bytes,
+                                  "plain_s": plain.step_time_s, "calibrated_s": fitted.step_time_s,
+                                  "predicted_peak": fitted.peak_memory_bytes}
+        rows.append(row)
+        print(f"  {text}: {m.status} measured {m.step_time_s or 0:.3f} s, predicted "
+              f"{fitted.step_time_s:.3f} s (uncalibrated {plain.step_time_s:.3f} s)", flush=True)
+    return rows
+
+
+def _framework(cfg: AutotuneConfig) -> object:
+    from autotune.frameworks import framework_of
+
+    return framework_of(cfg)
+
+
+def _errors(rows: list[dict[str, object]], predicted: str, measured: str) -> list[float]:
+    return [float(r[predicted]) / float(r[measured]) - 1  # type: ignore[arg-type]
+            for r in rows if r["status"] == "ok" and r[measured]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the validation and print the table (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("cpu-validation"))
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    args = parser.parse_args(argv)
+    rows = []
+    for model in args.models:
+        rows += validate(model, args.workers, args.steps, args.out)
+    print("\n| model | layout | status | measured step (s) | predicted (s) | error | "
+          "uncalibrated (s) | error | measured peak (GiB) | predicted (GiB) | error |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ok = r["status"] == "ok" and bool(r["measured_s"])
+        step = float(r["measured_s"] or 0)  # type: ignore[arg-type]
+        peak = float(r["peak"] or 0)  # type: ignore[arg-type]
+        calibrated, plain = float(r["calibrated_s"]), float(r["plain_s"])  # type: ignore[arg-type]
+        predicted_peak = float(r["predicted_peak"])  # type: ignore[arg-type]
+        print(f"| {r['model']} | {r['layout']} | {r['status']} | {step:.3f} | {calibrated:.3f} | "
+              f"{_pct(calibrated / step - 1 if ok else None)} | {plain:.3f} | "
+              f"{_pct(plain / step - 1 if ok else None)} | {peak / 2**30:.3f} | "
+              f"{predicted_peak / 2**30:.3f} | "
+              f"{_pct(predicted_peak / peak - 1 if ok and peak else None)} |")
+    for label, predicted, measured in (("step time, calibrated", "calibrated_s", "measured_s"),
+                                       ("step time, uncalibrated", "plain_s", "measured_s"),
+                                       ("peak memory", "predicted_peak", "peak")):
+        errors = [abs(e) for e in _errors(rows, predicted, measured)]
+        if errors:
+            print(f"{label}: median |error| {statistics.median(errors):.1%}, max "
+                  f"{max(errors):.1%} over {len(errors)} trials")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Microbenchmarks: real worker processes on gloo, node screening, a lost worker, the fit.
+
+Oracles: real processes (two CPU workers timing torch kernels and gloo collectives), a worker
+slowed for real (MKL limited to SSE4.2, as on an older or misconfigured node), a worker killed
+with SIGKILL mid-run, and points generated from known constants for the fit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autotune.calibration.calibrate import calibrate_cluster
+from autotune.calibration.file import Point
+from autotune.calibration.kernel_fit import comm_seconds
+from autotune.calibration.kernel_fit import fit_kernels
+from autotune.calibration.microbench import bench_plan
+from autotune.calibration.microbench import read_points
+from autotune.costmodel.constants import constants_for
+from autotune.costmodel.kernels import gemm_efficiency
+from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.specs.inputs import load_config
+
+LAYOUTS = LayoutTable.from_layouts([Layout(mbs=1), Layout(tp=2, mbs=2)])
+
+
+def _small_plan(**changes: object) -> dict[str, object]:
+    plan = {"gemms": [[256, 256, 256], [384, 384, 384], [512, 512, 512]], "dtypes": ["fp32"],
+            "attention": [[1, 4, 128, 32]], "attention_dtype": "fp32",
+            "elementwise_bytes": [1 << 20], "copy_bytes": [], "group_sizes": [2],
+            "collective_ops": ["all_reduce", "all_to_all"], "message_bytes": [4096, 1 << 20],
+            "collective_repeats": 4, "budget_s": 0.01}
+    return {**plan, **changes}
+
+
+@pytest.fixture(scope="module")
+def cpu_cfg():
+    return load_config("tiny-gpt", "local", framework="deepspeed", processes=2)
+
+
+def test_plan_times_the_layouts_gemms(cpu_cfg) -> None:
+    """Oracle: tiny-gpt's QKV at tp 1, mbs 1 is 256 tokens × (256 + 2·128) × 256 (8 heads of
+    32, 4 KV groups), and at tp 2, mbs 2: 512 × 256 × 256; the output layer 256 × 8192 × 256."""
+    plan = bench_plan(cpu_cfg, LAYOUTS)
+    shapes = {tuple(s) for s in plan["gemms"]}
+    assert {(256, 512, 256), (512, 256, 256), (256, 8192, 256)} <= shapes
+    assert plan["dtypes"] == ["fp32"] and plan["copy_bytes"] == []  # no device copies on CPU
+    assert [1, 8, 256, 32] in plan["attention"] and [2, 4, 256, 32] in plan["attention"]
+
+
+def test_slow_worker_is_named(cpu_cfg, tmp_path: Path) -> None:
+    """Worker 1 runs its GEMMs with MKL limited to SSE4.2 (several times slower here): the
+    screening names it, and only it; every kind of point came back from both workers."""
+    calibration = calibrate_cluster(
+        cpu_cfg, LAYOUTS, tmp_path, threads=1, plan=_small_plan(),
+        worker_env={1: {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}})
+    assert calibration.complete, calibration.failure
+    slow = calibration.screening.slow()
+    assert len([line for line in slow if line.startswith("worker")]) == 1
+    assert slow[0].startswith("worker 1 ")
+    assert any(line.startswith("worker 1 ") for line in calibration.warnings)
+    kinds = {(p.kind, tuple(p.ranks)) for p in calibration.points}
+    assert {("gemm", (0,)), ("gemm", (1,)), ("attention", (1,)), ("elementwise", (0,)),
+            ("collective", (0, 1)), ("send", (0, 1)), ("send", (1, 0))} <= kinds
+    assert {"gemm_efficiency", "attention_efficiency", "nvlink_efficiency"} <= set(
+        calibration.constants)
+
+
+def test_lost_worker_is_named_and_its_points_kept(cpu_cfg, tmp_path: Path) -> None:
+    """Worker 1 is killed (SIGKILL) once both workers wrote a point: the run ends incomplete,
+    names worker 1 and the signal, and keeps the points both workers wrote."""
+    many = _small_plan(gemms=[[512, 512, 512]] * 40, budget_s=0.05)
+
+    def kill_worker_1() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            started = _lines(tmp_path / "rank-1.jsonl")
+            # each worker has written its start record and a point
+            if len(started) >= 2 and len(_lines(tmp_path / "rank-0.jsonl")) >= 2:
+                os.kill(int(json.loads(started[0])["pid"]), signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_worker_1)
+    killer.start()
+    calibration = calibrate_cluster(cpu_cfg, LAYOUTS, tmp_path, threads=1, plan=many)
+    killer.join()
+    assert not calibration.complete
+    assert "worker 1 " in calibration.failure and "SIGKILL" in calibration.failure
+    assert {p.ranks[0] for p in calibration.points} == {0, 1}
+    assert len(read_points(tmp_path)[0]) == len(calibration.points)
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_fit_recovers_known_constants(cpu_cfg) -> None:
+    """Oracle: points generated from known constants through the model's own formulas, with
+    2 % noise, give those constants back within 5 %."""
+    rng = np.random.default_rng(0)
+    gpu_cfg = load_config("llama3-8b", "dgx-h100:1")
+    truth = constants_for(gpu_cfg.cluster.gpu).model_copy(update={
+        "gemm_efficiency": 0.62, "gemm_half_size": 900.0, "attention_efficiency": 0.41,
+        "hbm_efficiency": 0.7, "nvlink_efficiency": 0.55, "latency_base_s": 2e-5,
+        "latency_intra_s": 5e-6})
+    peak = 989.4e12
+    points = []
+    for m, n, k in [(512, 512, 512), (1024, 4096, 4096), (4096, 4096, 4096), (8192, 14336, 4096),
+                    (2048, 1024, 4096), (256, 4096, 1024)]:
+        seconds = 2 * m * n * k / (peak * gemm_efficiency(m, n, k, truth))
+        points.append(Point(kind="gemm", op="mm", dtype="bf16", shape={"m": m, "n": n, "k": k},
+                            ranks=[0], seconds=seconds, rate=1.0))
+    flops = 3 * 2 * 4096 * 32 * 128 * 4096
+    points.append(Point(kind="attention", op="sdpa", dtype="bf16",
+                        shape={"b": 1, "heads": 32, "seq": 4096, "head_dim": 128}, ranks=[0],
+                        seconds=flops / (peak * 0.41), rate=flops / (flops / (peak * 0.41))))
+    points.append(Point(kind="elementwise", op="add", dtype="fp32", shape={"bytes": 3 << 28},
+                        ranks=[0], seconds=(3 << 28) / (3.35e12 * 0.7), rate=1.0))
+    comm = [Point(kind="collective", op=op, shape={"bytes": size}, ranks=list(range(g)),
+                  seconds=1.0, rate=1.0)
+            for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+            for size in (4096, 1 << 16, 1 << 20, 1 << 26) for g in (2, 8)]
+    comm += [Point(kind="send", op="send_recv", shape={"bytes": size}, ranks=[0, 1],
+                   seconds=1.0, rate=1.0) for size in (4096, 1 << 26)]
+    times = comm_seconds(gpu_cfg, comm, truth)
+    points += [p.model_copy(update={"seconds": float(s)})
+               for p, s in zip(comm, times, strict=True)]
+    noisy = [p.model_copy(update={"seconds": p.seconds * (1 + rng.normal(0, 0.02))})
+             for p in points]
+    base = constants_for(gpu_cfg.cluster.gpu)
+    fitted, predicted = fit_kernels(gpu_cfg, noisy, base)
+    for name in ("gemm_efficiency", "gemm_half_size", "attention_efficiency", "hbm_efficiency",
+                 "nvlink_efficiency"):
+        assert fitted[name].value == pytest.approx(getattr(truth, name), rel=0.05), name
+    assert fitted["gemm_efficiency"].median_residual < 0.03
+    assert all(p.predicted_s is not None for p in predicted)

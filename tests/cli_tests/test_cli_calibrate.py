@@ -1,0 +1,52 @@
+"""`autotune calibrate --from-runs` and `--calibration FILE` through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from autotune.calibration.file import load_calibration
+from tests.cli_tests.helpers_cli import cli
+
+RUNS = "layout,step_time_s\n" + "\n".join(
+    f"\"{layout}\",{step}" for layout, step in [
+        ("tp=8,pp=1,mbs=1", 9.1), ("tp=4,pp=2,mbs=1", 9.8), ("tp=2,pp=4,mbs=1", 11.0),
+        ("tp=8,pp=1,mbs=2", 8.7), ("tp=4,pp=1,mbs=1", 10.4), ("tp=2,pp=1,mbs=1", 12.5)])
+"""Step times typed by hand (seconds), as a user's own measurements would be."""
+
+
+def test_from_runs_then_estimate_uses_it(tmp_path: Path) -> None:
+    """The refit writes a file; estimate with --calibration prints different figures from the
+    preset's and names the calibration in its JSON inputs; the refit's fitted values are the
+    file's."""
+    runs = tmp_path / "runs.csv"
+    runs.write_text(RUNS)
+    out = tmp_path / "cal.yaml"
+    done = cli("calibrate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--from-runs", runs,
+               "--out", out)
+    assert done.code == 0, done.err
+    calibration = load_calibration(out)
+    assert calibration.source == "runs" and len(calibration.points) == 6
+    args = ("estimate", "-m", "llama3-8b", "-c", "dgx-h100:1", "-l", "tp=8,mbs=1", "--json")
+    plain, calibrated = cli(*args), cli(*args, "--calibration", out)
+    assert plain.code == 0 and calibrated.code == 0, calibrated.err
+    a, b = json.loads(plain.out), json.loads(calibrated.out)
+    assert a["step_time_s"] != b["step_time_s"]
+    assert b["step_time_s"] == calibration.points[0].predicted_s
+
+
+def test_other_gpu_is_exit_2_in_one_line(tmp_path: Path) -> None:
+    """A file made for an H100 applied to an A100 problem: exit 2, one line naming both."""
+    runs = tmp_path / "runs.csv"
+    runs.write_text(RUNS)
+    out = tmp_path / "cal.yaml"
+    assert cli("calibrate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--from-runs", runs,
+               "--out", out).code == 0
+    refused = cli("estimate", "-m", "llama3-8b", "-c", "dgx-a100:1", "-l", "tp=8,mbs=1",
+                  "--calibration", out)
+    assert refused.code == 2
+    assert len(refused.error_lines) == 1
+    assert "h100-sxm-80gb" in refused.err and "a100-sxm-80gb" in refused.err
+    assert yaml.safe_load(out.read_text())["gpu"]["name"] == "h100-sxm-80gb"
