@@ -192,7 +192,7 @@ def problem(point: Point) -> AutotuneConfig:
 def predict(point: Point, k: Constants | None = None) -> Prediction:
     """The model's memory (without runtime), step time and verdict for a point."""
     cfg = problem(point)
-    k = k or constants_for(cfg.cluster.gpu)
+    k = k or constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     est: Estimate = estimate(cfg, point.layout, k)
     return Prediction(
         memory_bytes=est.peak_memory_bytes - est.memory_parts["runtime"],

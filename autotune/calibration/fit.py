@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterator
+from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -73,12 +74,18 @@ def fit_constants(
     points: Sequence[Measured],
     base: Constants,
     names: Sequence[str] = ("gemm_efficiency", "comm_efficiency"),
+    *,
+    prior_sd: float | Mapping[str, float] | None = None,
 ) -> Constants:
     """Robust least-squares fit of `names` on the log error of step time, from `base`.
 
-    The loss is soft-L1 with a 10 % scale (`ROBUST_SCALE`): a point off by more than that counts
-    linearly, not quadratically, so a few runs the model cannot express do not drag every
-    constant to a bound.
+    The loss is Cauchy with a 10 % scale (`ROBUST_SCALE`): a point off by more than that counts
+    less than quadratically, so a few runs the model cannot express do not drag every constant
+    to a bound. With `prior_sd`, each constant also pays ROBUST_SCALE · log(value / base value) /
+    prior_sd: moving a constant by a factor e^prior_sd from its physical value costs as much as
+    one run predicted 10 % off, so a constant the points do not identify stays at its source's
+    value instead of running to a bound. A mapping gives each name its own spread (names it
+    lacks have no prior).
     """
     if not points:
         return base
@@ -86,9 +93,19 @@ def fit_constants(
     high = np.array([FIT_BOUNDS[n][1] for n in names])
     start = np.clip(np.array([getattr(base, n) for n in names], dtype=float), low, high)
 
+    center = np.log(start)
+    spread = None
+    if isinstance(prior_sd, Mapping):
+        spread = np.array([prior_sd.get(n, np.inf) for n in names])
+    elif prior_sd is not None:
+        spread = np.full(len(names), prior_sd)
+
     def residuals(x: np.ndarray) -> np.ndarray:
         k = base.model_copy(update=dict(zip(names, map(float, x), strict=True)))
-        return np.array([np.log(predicted_step_s(p, k) / p.step_time_s) for p in points])
+        data = np.array([np.log(predicted_step_s(p, k) / p.step_time_s) for p in points])
+        if spread is None:
+            return data
+        return np.concatenate([data, ROBUST_SCALE * (np.log(x) - center) / spread])
 
     result = least_squares(residuals, start, bounds=(low, high), x_scale="jac",
                            loss="cauchy", f_scale=ROBUST_SCALE)

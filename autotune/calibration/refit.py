@@ -263,7 +263,7 @@ def refit_study(
     Returns:
         The report; with fewer than two measured trials nothing is fitted (after == before).
     """
-    base = k or constants_for(cfg.cluster.gpu)
+    base = k or constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     measured = [
         r for r in records if _ran(r) and r.get("status") == "ok" and r.get("measured_step_time_s")
     ]

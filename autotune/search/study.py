@@ -370,7 +370,7 @@ def tune(
     if options.repeat < 1:
         raise AutotuneError(f"--repeat: {options.repeat} runs per layout; give 1 or more")
     space = space.resolved(cfg)  # the study chooses ep and etp among the model's values
-    k = constants_for(cfg.cluster.gpu)
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     enumeration = enumerate_layouts(cfg, space, k)
     if not len(enumeration):
         raise AutotuneError(no_feasible_message(enumeration))

@@ -24,6 +24,9 @@ class GPUSpec(BaseModel):
 
     name: str = "custom-gpu"
     """Preset name or free text."""
+    like: str | None = None
+    """A GPU preset whose calibrated constants this (custom) GPU inherits, e.g. h100-sxm-80gb
+    for an H100 with other clocks or memory; without it a custom GPU is uncalibrated."""
     memory_gb: GpuMemoryGiB
     """Device memory as the datasheet states it ("80GB"); vendors' figures match what CUDA
     reports in GiB (A100 80GB: 81,920 MiB; H200 141GB: 143,771 MiB), so it is read as GiB."""

@@ -8,11 +8,13 @@ from pydantic import BaseModel
 from pydantic import StrictBool
 from pydantic import model_validator
 
+from autotune.specs.types import DEFAULT_STACKS
 from autotune.specs.types import FROZEN
 from autotune.specs.types import BatchSize
 from autotune.specs.types import Framework
 from autotune.specs.types import Precision
 from autotune.specs.types import SeqLength
+from autotune.specs.types import Stack
 
 
 class TrainSpec(BaseModel):
@@ -28,6 +30,9 @@ class TrainSpec(BaseModel):
     """Compute precision of the matrix multiplies (fp8 = fp8 GEMMs with bf16 elsewhere)."""
     framework: Framework = "megatron"
     """Framework whose rules and configs apply."""
+    stack: Stack | None = None
+    """Software stack that runs the kernels (`autotune.specs.types.Stack`); its calibrated
+    constants apply. None: the framework's own (megatron: megatron-core, deepspeed: deepspeed)."""
     flash_attention: StrictBool = True
     """Fused attention that never stores the s×s score matrix (FlashAttention / cuDNN)."""
     overlap_grad_reduce: StrictBool = True
@@ -55,6 +60,11 @@ class TrainSpec(BaseModel):
         if self.framework != "megatron" and self.moe_a2a_overlap:
             raise ValueError(f"moe_a2a_overlap is Megatron's; set it false for {self.framework}")
         return self
+
+    @property
+    def software_stack(self) -> Stack:
+        """The stack that runs this setup: `stack`, else the framework's default."""
+        return self.stack or DEFAULT_STACKS[self.framework]
 
     @property
     def tokens_per_step(self) -> int:
