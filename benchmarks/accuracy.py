@@ -254,8 +254,9 @@ def main() -> None:
     console = Console(width=200)
     runs = published_runs(args.data)
     skipped = Counter(
-        run.skip or ("recipe: no throughput published" if run.row["kind"] == "recipe"
-                     else "no measured figure convertible to a step time")
+        run.skip or {"recipe": "recipe: no throughput published",
+                     "ran": "ran (time to train only): no throughput published"}.get(
+            run.row["kind"], "no measured figure convertible to a step time")
         for run in runs if run.skip or run.step_time_s is None
     )
     points = [as_point(run) for run in runs if run.skip is None and run.step_time_s is not None]

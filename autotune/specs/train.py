@@ -37,6 +37,11 @@ class TrainSpec(BaseModel):
     """Fused attention that never stores the s×s score matrix (FlashAttention / cuDNN)."""
     overlap_grad_reduce: StrictBool = True
     """Data-parallel gradient reduction overlaps the last backward pass."""
+    grad_reduce_in_fp32: StrictBool = True
+    """Megatron keeps its gradient buffer, and reduces it over data parallelism, in fp32: the
+    default of Megatron-LM's `arguments.py` for bf16; False is `--grad-reduce-in-bf16`, the
+    setting of NeMo's and Megatron-Bridge's performance recipes (`scripts/performance`): a
+    2-byte buffer and reduction."""
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives run in chunks under the GEMMs (Transformer Engine userbuffers:
     Megatron's `--tp-comm-overlap`, with sequence parallelism only)."""
@@ -57,6 +62,9 @@ class TrainSpec(BaseModel):
         if self.framework != "megatron" and self.moe_token_dispatcher != "alltoall":
             raise ValueError(f"moe_token_dispatcher {self.moe_token_dispatcher!r} is Megatron's; "
                              f"use alltoall with {self.framework}")
+        if self.framework != "megatron" and not self.grad_reduce_in_fp32:
+            raise ValueError("grad_reduce_in_fp32 false is Megatron's --grad-reduce-in-bf16; "
+                             f"set it true for {self.framework}")
         if self.framework != "megatron" and self.moe_a2a_overlap:
             raise ValueError(f"moe_a2a_overlap is Megatron's; set it false for {self.framework}")
         return self
