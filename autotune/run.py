@@ -41,6 +41,7 @@ from autotune.frameworks import framework_of
 from autotune.frameworks import get_framework
 from autotune.layout import Layout
 from autotune.runners.factory import RunnerSettings
+from autotune.search.settings import TuneSettings
 from autotune.space.rules import MEMORY_RULE_NAMES
 from autotune.space.rules import violations
 from autotune.specs import AutotuneConfig
@@ -49,7 +50,6 @@ from autotune.specs import DevicesPerNode
 from autotune.specs import Framework
 from autotune.specs import Integer
 from autotune.specs import Precision
-from autotune.specs import Seed
 from autotune.specs import SeqLength
 from autotune.specs import at_most
 from autotune.specs.inputs import load_config
@@ -117,31 +117,6 @@ class Problem(BaseModel):
             moe_token_dispatcher=self.moe_token_dispatcher,
             moe_a2a_overlap=self.moe_a2a_overlap,
         )
-
-
-class TuneSettings(BaseModel):
-    """How the Optuna study runs."""
-
-    model_config = _CONFIG
-
-    trials: Annotated[
-        Integer, Field(ge=1), at_most(100_000, "more than any layout space holds")
-    ] = 20
-    """Trials to run (rule rejections and repeats are free)."""
-    storage: str | None = None
-    """Optuna storage URL; None: sqlite:///OUT/study.db."""
-    study: str | None = None
-    """Study name; None: model-cluster-framework."""
-    resume: StrictBool = False
-    """Continue an existing study."""
-    seed: Seed = 0
-    """Sampler seed."""
-    jobs: Annotated[Integer, Field(ge=1), at_most(1024, "one thread per trial in flight")] = 1
-    """Trials in flight at once."""
-    top_k: Annotated[Integer, Field(ge=0), at_most(1000, "a report lists them all")] = 5
-    """Runners-up rendered and reported besides the best."""
-    repeat: Annotated[Integer, Field(ge=1), at_most(100, "noise averages out long before")] = 1
-    """Runs of each layout (averaged against measurement noise)."""
 
 
 class ScaleSettings(BaseModel):
@@ -321,7 +296,6 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
     from autotune.report import write_run_json
     from autotune.scaling import sweep
     from autotune.search.storage import default_storage_url
-    from autotune.search.study import TuneOptions
     from autotune.search.study import default_study_name
     from autotune.search.study import tune as run_study
     from autotune.space.search_space import load_space
@@ -339,16 +313,10 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
         storage=settings.storage or default_storage_url(out),
         runner=config.runner.name,
         runner_options=config.runner.recorded(),
-        options={"trials": settings.trials, "seed": settings.seed, "jobs": settings.jobs,
-                 "top_k": settings.top_k},
+        options=settings.model_dump(mode="json"),
         command=config.command,
     )
-    options = TuneOptions(
-        out_dir=out, trials=settings.trials, storage=settings.storage, study_name=settings.study,
-        resume=settings.resume, seed=settings.seed, jobs=settings.jobs, top_k=settings.top_k,
-        repeat=settings.repeat,
-    )
-    result = run_study(cfg, space, runner, options, on_trial=on_trial)
+    result = run_study(cfg, space, runner, settings, out, on_trial=on_trial)
     scaled = None
     if config.scale is not None and result.ranked:
         best = Layout(**result.ranked[0]["layout_fields"])

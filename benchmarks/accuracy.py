@@ -113,12 +113,13 @@ Megatron-Core + Transformer Engine, cuDNN fused attention (FlashAttention-3 clas
 2024, §4.1: causal head-dim-128 forward ~65 %, backward ~47 %): 0.5. H100 with PyTorch FSDP
 or DeepSpeed, FlashAttention-2 / SDPA (FA3 paper's FA2 baseline on H100: ~35 % forward, ~30 %
 backward): 0.3."""
-PRIOR_SD = {"gemm_efficiency": 0.25, "attention_efficiency": 0.25, "elementwise_passes": 0.5,
-            "fp8_gemm_efficiency": 0.25, "gemm_half_size": 1.5}
-"""Log-scale spread of each constant's prior around its source value (`fit_constants`): the
-GEMM and attention efficiencies are known from kernel benchmarks to about 25 %, the
-memory-bound passes to a factor 1.6, the GEMM half size (tile and wave quantization, which
-depends on the GEMM shapes of the cuBLAS heuristics) only to a factor 4."""
+PRIOR_SD = {"gemm_efficiency": 2.5, "attention_efficiency": 2.5, "elementwise_passes": 5.0,
+            "fp8_gemm_efficiency": 2.5, "gemm_half_size": 15.0}
+"""Spread of each constant's log-normal prior around its source value (`fit_constants`), in
+units where the Cauchy loss's scale is one run 10 % off (`ROBUST_SCALE`): moving the GEMM or
+attention efficiency by e^0.25 (28 %) from its kernel-benchmark value costs as much as one run
+predicted 10 % off; the memory-bound passes are known to a factor e^0.5 (1.6), the GEMM half
+size (tile and wave quantization, shape-dependent cuBLAS heuristics) only to e^1.5 (4.5)."""
 
 
 def prior(g: Group) -> Constants:

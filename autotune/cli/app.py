@@ -42,12 +42,12 @@ from autotune.exceptions import AutotuneError
 from autotune.run import Problem
 from autotune.run import RunConfig
 from autotune.run import ScaleSettings
-from autotune.run import TuneSettings
 from autotune.run import check_layout
 from autotune.run import prepare_out
 from autotune.run import resume_command
 from autotune.runners.factory import RunnerSettings
 from autotune.runners.factory import figure_label
+from autotune.search.settings import TuneSettings
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.space.search_space import no_feasible_message

@@ -11,7 +11,7 @@ step, then the runner's `result` record).
 Example:
     >>> from autotune.runners.local import LocalRunner
     >>> runner = LocalRunner(steps=6, warmup=2, hang_timeout_s=120)
-    >>> # autotune.search.study.tune(cfg, space, runner, TuneOptions(out_dir=Path("study")))
+    >>> # autotune.search.study.tune(cfg, space, runner, TuneSettings(), Path("study"))
 """
 
 from __future__ import annotations

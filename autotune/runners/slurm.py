@@ -177,7 +177,7 @@ class SlurmRunner(Runner):
     Example:
         >>> from autotune.runners.slurm import SlurmRunner
         >>> runner = SlurmRunner(partition="gpu", time_limit="00:30:00", options={"qos": "high"})
-        >>> # autotune.tune(cfg, space, runner, TuneOptions(out_dir=Path("/shared/study")))
+        >>> # autotune.tune(cfg, space, runner, TuneSettings(), Path("/shared/study"))
     """
 
     name = "slurm"

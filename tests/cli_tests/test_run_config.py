@@ -15,10 +15,10 @@ from autotune.run import Problem
 from autotune.run import RunConfig
 from autotune.run import RunnerSettings
 from autotune.run import ScaleSettings
-from autotune.run import TuneSettings
 from autotune.run import resume_command
 from autotune.run import scale
 from autotune.run import tune
+from autotune.search.settings import TuneSettings
 
 ECHO = "echo '{\"step_time_s\": 2.0}' # {trial_dir}"
 """A command-runner trial that measures 2 s per step."""
@@ -57,7 +57,8 @@ def test_simulated_study_writes_run_json_and_skips_the_refit(tmp_path: Path) -> 
     outcome = tune(config)
     info = json.loads((tmp_path / "run.json").read_text())
     assert info["runner"] == "simulate" and info["runner_options"] == {"noise": 0.05, "seed": 3}
-    assert info["options"] == {"trials": 3, "seed": 0, "jobs": 1, "top_k": 5}
+    # every study setting, so a run can be repeated from its record (repeat included)
+    assert info["options"] == {**TuneSettings().model_dump(mode="json"), "trials": 3}
     assert info["command"] == config.command
     assert outcome.ok and outcome.refit is None and outcome.scaled is None
     study = optuna.load_study(study_name=outcome.result.study_name,
