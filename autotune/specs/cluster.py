@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 from pydantic import Field
 from pydantic import StrictBool
+from pydantic import model_validator
 
 from autotune.specs.types import FROZEN
 from autotune.specs.types import DevicesPerNode
@@ -41,6 +42,14 @@ class GPUSpec(BaseModel):
         return self.memory_gb * 2**30
 
 
+PLAUSIBLE_GB_S = {"intra_node_gb_s": (900.0, "NVLink 5, 900 GB/s per GPU and direction"),
+                  "inter_node_gb_s": (100.0, "an 800 Gb/s NIC per GPU, 100 GB/s"),
+                  "pcie_gb_s": (128.0, "PCIe 6.0 x16, 128 GB/s per direction")}
+"""The fastest link of each kind shipping today (per GPU and direction): a cluster claiming over
+twice as much is refused unless `unchecked_links` is set (a Gb/s figure read as GB/s is the
+usual slip: 400 Gb/s is 50 GB/s)."""
+
+
 class ClusterSpec(BaseModel):
     """Nodes of identical GPUs, their links and their hosts."""
 
@@ -64,6 +73,21 @@ class ClusterSpec(BaseModel):
     """Per-GPU host link bandwidth per direction, GB/s."""
     cpu_processes: StrictBool = False
     """True when the 'GPUs' are CPU processes on gloo (the `local` cluster without CUDA)."""
+    unchecked_links: StrictBool = False
+    """Accept link speeds over twice the fastest shipping link (`PLAUSIBLE_GB_S`)."""
+
+    @model_validator(mode="after")
+    def _check_links(self) -> ClusterSpec:
+        if self.unchecked_links:
+            return self
+        for field, (fastest, what) in PLAUSIBLE_GB_S.items():
+            value = getattr(self, field)
+            if value > 2 * fastest:
+                raise ValueError(
+                    f"{field} {value:g} GB/s per GPU and direction is over twice {what}; "
+                    f"give GB/s, not Gb/s ({value:g} Gb/s = {value / 8:g} GB/s), or set "
+                    "unchecked_links: true")
+        return self
 
     @property
     def world_size(self) -> int:
