@@ -36,6 +36,7 @@ from autotune.layout import Layout
 from autotune.runners.base import Runner
 from autotune.specs import AutotuneConfig
 from autotune.trial import TrialPipeline
+from autotune.units import GIB
 
 Mode = Literal["weak", "strong"]
 MODES = ("weak", "strong")
@@ -160,7 +161,7 @@ class ScalingResult:
         for p in self.points:
             data = p.to_dict()
             peak = data.pop("peak_memory_bytes")
-            data["peak_memory_gib"] = peak / 2**30 if peak else None
+            data["peak_memory_gib"] = peak / GIB if peak else None
             rows.append({key: data.get(key) for key in CSV_COLUMNS})
         return rows
 

@@ -80,18 +80,31 @@ def errors(points: Sequence[Measured], k: Constants) -> np.ndarray:
     return np.array([p.step_time_s / predicted_step_s(p, k) - 1 for p in points])
 
 
-def _step_s(points: Sequence[Measured], k: Constants) -> np.ndarray:
-    """Each point's modelled step time (its fastest candidate), one table per problem."""
-    out = np.empty(len(points))
+@dataclasses.dataclass(frozen=True)
+class _Group:
+    """The points of one problem as one table: rows `starts[i]`.. are point `members[i]`'s."""
+
+    cfg: AutotuneConfig
+    table: LayoutTable
+    members: list[int]
+    starts: np.ndarray
+
+
+def _groups(points: Sequence[Measured]) -> list[_Group]:
     by_cfg: dict[int, list[int]] = {}
     for i, point in enumerate(points):
         by_cfg.setdefault(id(point.cfg), []).append(i)
-    for members in by_cfg.values():
-        cfg = points[members[0]].cfg
-        table = LayoutTable.from_layouts([lay for i in members for lay in points[i].layouts])
-        total = estimate_time(cfg, table, k)["total"]
-        starts = np.cumsum([0] + [len(points[i].layouts) for i in members[:-1]])
-        out[members] = np.minimum.reduceat(total, starts)
+    return [_Group(points[m[0]].cfg,
+                   LayoutTable.from_layouts([lay for i in m for lay in points[i].layouts]), m,
+                   np.cumsum([0] + [len(points[i].layouts) for i in m[:-1]]))
+            for m in by_cfg.values()]
+
+
+def _step_s(groups: Sequence[_Group], k: Constants, n: int) -> np.ndarray:
+    """Each point's modelled step time (its fastest candidate)."""
+    out = np.empty(n)
+    for g in groups:
+        out[g.members] = np.minimum.reduceat(estimate_time(g.cfg, g.table, k)["total"], g.starts)
     return out
 
 
@@ -138,12 +151,14 @@ def fit_constants(
         spread = np.array([prior_sd.get(n, np.inf) for n in names])
     elif prior_sd is not None:
         spread = np.full(len(names), prior_sd)
+    groups = _groups(points)
 
     def constants(x: np.ndarray) -> Constants:
         return base.model_copy(update=dict(zip(names, map(float, np.exp(x)), strict=True)))
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        data: np.ndarray = np.log(_step_s(points, constants(x)) / measured) / step_sd
+        data: np.ndarray = np.log(_step_s(groups, constants(x), len(points)) / measured)
+        data /= step_sd
         if spread is None:
             return data
         return np.concatenate([data, (x - start) / spread])

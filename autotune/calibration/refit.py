@@ -35,8 +35,7 @@ from autotune.space.search_space import SearchSpace
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.specs import AutotuneConfig
-
-GIB = 1024**3
+from autotune.units import GIB
 
 
 @dataclasses.dataclass(frozen=True)

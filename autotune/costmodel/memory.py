@@ -36,8 +36,8 @@ from autotune.costmodel.sharding import params_on_rank
 from autotune.costmodel.terms import terms_for
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
+from autotune.units import GIB
 
-GIB = 1024**3
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "runtime")
 """Named parts of the per-GPU memory estimate, in report order."""
 

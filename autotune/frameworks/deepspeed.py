@@ -306,7 +306,7 @@ def config(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
     partition_method=)`; the engine itself reads `activation_checkpoint_interval`.
     """
     bucket = int(bucket_elements(_params_per_rank(cfg, layout)))
-    context = {
+    context: dict[str, Any] = {
         "train_batch_size": layout.global_batch_size,
         "micro_batch": layout.mbs,
         "gas": layout.gas,

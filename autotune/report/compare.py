@@ -23,6 +23,7 @@ from autotune.report.render import pct
 from autotune.report.render import render_template
 from autotune.report.render import short_layout
 from autotune.report.render import tflops
+from autotune.units import GIB
 
 COMPARE_PLOTS = {
     "compare_best": "Best throughput per GPU and MFU of each run.",
@@ -63,7 +64,7 @@ def _headline(run: data.RunData, summary: dict[str, Any]) -> dict[str, Any] | No
             "tokens_per_s": point["tokens_per_s"],
             "tokens_per_s_per_gpu": point["tokens_per_s"] / point["gpus"],
             "tflops_per_gpu": point.get("tflops_per_gpu"), "mfu": point.get("mfu"),
-            "peak_memory_gib": peak / 2**30 if peak else None}
+            "peak_memory_gib": peak / GIB if peak else None}
 
 
 def comparison_rows(dirs: Sequence[str | Path]) -> list[dict[str, Any]]:

@@ -24,7 +24,6 @@ from pydantic import TypeAdapter
 from pydantic import ValidationError
 from pydantic import model_validator
 
-from autotune.costmodel.memory import GIB
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.runners.factory import figure_label
@@ -32,6 +31,7 @@ from autotune.scaling import SCALING_JSON
 from autotune.scaling import ScalingPoint
 from autotune.specs import AutotuneConfig
 from autotune.specs.inputs import validation_message
+from autotune.units import GIB
 
 RUN_JSON = "run.json"
 SUMMARY_SCHEMA = "autotune.report/1"
@@ -98,11 +98,13 @@ def write_run_json(
     runner_options: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
     command: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Path:
     """Write DIR/run.json: where the study lives and how it was run (call when tune starts).
 
     A SQLite or journal storage inside DIR is stored relative (`sqlite:///study.db`), so the
-    folder can move.
+    folder can move. `config` is the whole run (`RunConfig`): `autotune tune --config
+    DIR/run.json` runs it again.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,6 +116,7 @@ def write_run_json(
         "runner_options": runner_options or {},
         "options": options or {},
         "command": command,
+        "config": config,
     }
     path = out / RUN_JSON
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")

@@ -24,12 +24,12 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from matplotlib.ticker import LogLocator  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
 
-from autotune.costmodel.memory import GIB  # noqa: E402
 from autotune.costmodel.memory import MEMORY_PARTS  # noqa: E402
 from autotune.costmodel.step_time import TIME_PARTS  # noqa: E402
 from autotune.scaling import BOUND_BELOW  # noqa: E402
 from autotune.scaling import FINE_AT  # noqa: E402
 from autotune.scaling import PART_LABELS  # noqa: E402
+from autotune.units import GIB  # noqa: E402
 
 STYLE: dict[Any, Any] = {
     "svg.hashsalt": "autotune",

@@ -34,6 +34,7 @@ from autotune.search.memory_learning import fit_memory
 from autotune.search.surrogate import features
 from autotune.search.surrogate import fit_residuals
 from autotune.specs import AutotuneConfig
+from autotune.units import GIB
 
 BETA = 1.0
 """Weight of the residual σ in the upper confidence bound."""
@@ -72,7 +73,7 @@ class Proposal:
             "reason": self.reason,
             "layout_id": self.layout.id,
             "predicted_tokens_per_s": round(self.predicted_tokens_per_s, 3),
-            "need_gib": round(self.need_bytes / 2**30, 3),
+            "need_gib": round(self.need_bytes / GIB, 3),
             "memory": self.memory.to_dict(),
         }
 

@@ -29,6 +29,7 @@ from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.measurement import Measurement
+from autotune.measurement import Status
 from autotune.runners.base import Runner
 from autotune.search.proposal import Proposer
 from autotune.search.sampler import FINISHED
@@ -149,7 +150,7 @@ class Objective:
 
     def infeasible(self, trial: Trial, broken: list[tuple[str, str]]) -> float:
         name, reason = broken[0]
-        trial.set_user_attr("status", "infeasible")
+        trial.set_user_attr("status", Status.INFEASIBLE.value)
         trial.set_user_attr("rule", name)
         trial.set_user_attr("reason", reason)
         trial.set_constraint("runs", 1.0)
@@ -175,7 +176,7 @@ class Objective:
         )
 
     def reuse(self, trial: Trial, earlier: FrozenTrial) -> float:
-        trial.set_user_attr("status", "duplicate")
+        trial.set_user_attr("status", Status.DUPLICATE.value)
         trial.set_user_attr("duplicate_of", earlier.number)
         if earlier.state == TrialState.RUNNING:
             raise optuna.TrialPruned(f"layout already running in trial {earlier.number}")

@@ -16,6 +16,7 @@ from autotune.specs.types import MemoryTBs
 from autotune.specs.types import NodeCount
 from autotune.specs.types import Precision
 from autotune.specs.types import TFlops
+from autotune.units import GIB
 
 
 class GPUSpec(BaseModel):
@@ -39,7 +40,7 @@ class GPUSpec(BaseModel):
     @property
     def memory_bytes(self) -> float:
         """Device memory in bytes (memory_gb read as GiB, as CUDA reports it)."""
-        return self.memory_gb * 2**30
+        return self.memory_gb * GIB
 
 
 PLAUSIBLE_GB_S = {"intra_node_gb_s": (900.0, "NVLink 5, 900 GB/s per GPU and direction"),

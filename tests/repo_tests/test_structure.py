@@ -167,7 +167,7 @@ MIRROR: dict[str, tuple[str, ...]] = {
     "calibration_tests": ("calibration",),
     "cli_tests": ("cli", "run", "exceptions", "_version"),
     "cluster_tests": ("runners.slurm", "runners.slurm_client", "search.storage"),
-    "costmodel_tests": ("costmodel",),
+    "costmodel_tests": ("costmodel", "units"),
     "frameworks_tests": ("frameworks",),
     "inputs_tests": ("specs.inputs", "resources"),
     "layout_tests": ("layout",),

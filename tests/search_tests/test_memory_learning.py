@@ -13,7 +13,6 @@ from autotune.layout import LayoutTable
 from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
-from autotune.search.memory_learning import GIB
 from autotune.search.memory_learning import MemoryParts
 from autotune.search.memory_learning import fit_memory
 from autotune.search.settings import TuneSettings
@@ -21,6 +20,7 @@ from autotune.search.study import tune
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.specs.inputs import load_config
+from autotune.units import GIB
 
 CFG = load_config("llama3-70b", "dgx-h100:8")
 K = constants_for(CFG.cluster.gpu)
