@@ -13,9 +13,10 @@ from autotune.cli.app import app
 from autotune.run import RunnerSettings
 
 PROBLEM = ["--cluster", "--config", "--flash-attention", "--framework", "--gbs", "--model",
+           "--grad-reduce-in-fp32", "--no-grad-reduce-in-fp32",
            "--moe-a2a-overlap", "--moe-dispatcher", "--no-flash-attention",
            "--no-moe-a2a-overlap", "--no-overlap-grad-reduce", "--no-tp-comm-overlap",
-           "--overlap-grad-reduce", "--precision", "--processes", "--seq", "--space",
+           "--overlap-grad-reduce", "--precision", "--processes", "--seq", "--space", "--stack",
            "--tp-comm-overlap", "-c", "-m"]
 RUNNER = ["--account", "--command", "--hang-timeout", "--launcher", "--megatron-lm", "--noise",
           "--partition", "--runner", "--seed", "--slurm-opt", "--steps", "--time-limit",
@@ -23,7 +24,7 @@ RUNNER = ["--account", "--command", "--hang-timeout", "--launcher", "--megatron-
 PINNED = {
     "(global)": ["--debug", "--no-debug"],
     "space": sorted([*PROBLEM, "--json", "--top"]),
-    "estimate": sorted([*PROBLEM, "--json", "--layout", "-l"]),
+    "estimate": sorted([*PROBLEM, "--json", "--layout", "--vs", "-l"]),
     "render": sorted([*PROBLEM, "--layout", "--out", "-l"]),
     "tune": sorted([*PROBLEM, *RUNNER, "--jobs", "--json", "--no-resume", "--out", "--repeat",
                     "--resume", "--scale", "--scale-gpus", "--scale-mode", "--storage",
