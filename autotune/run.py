@@ -212,7 +212,7 @@ def check_layout(cfg: AutotuneConfig, text: str) -> tuple[Layout, list[tuple[str
         AutotuneError: when it breaks a structural rule (its memory and speed mean nothing).
     """
     layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, framework_of(cfg))
-    broken = violations(cfg, layout, constants_for(cfg.cluster.gpu))
+    broken = violations(cfg, layout, constants_for(cfg.cluster.gpu, cfg.train.software_stack))
     structural = [(name, reason) for name, reason in broken if name not in MEMORY_RULE_NAMES]
     if structural:
         raise AutotuneError(

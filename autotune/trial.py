@@ -65,7 +65,7 @@ class TrialPipeline:
     def __init__(self, cfg: AutotuneConfig, runner: Runner,
                  constants: Constants | None = None) -> None:
         self.cfg, self.runner = cfg, runner
-        self.constants = constants or constants_for(cfg.cluster.gpu)
+        self.constants = constants or constants_for(cfg.cluster.gpu, cfg.train.software_stack)
 
     def violations(self, layout: Layout) -> list[tuple[str, str]]:
         """The named rules the layout breaks, with their reasons (empty: it may run)."""

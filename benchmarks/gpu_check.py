@@ -201,7 +201,7 @@ def problem(point: Point) -> AutotuneConfig:
 def predict(point: Point, k: Constants | None = None) -> Prediction:
     """The model's memory (without runtime), step time and verdict for a point."""
     cfg = problem(point)
-    k = k or constants_for(cfg.cluster.gpu)
+    k = k or constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     est: Estimate = estimate(cfg, point.layout, k)
     return Prediction(
         memory_bytes=est.peak_memory_bytes - est.memory_parts["runtime"],
@@ -655,7 +655,7 @@ def _time_fit(ran: Sequence[tuple[Point, dict[str, Any]]]) -> list[str]:
     points = [Measured(name=f"{p.workload}/{p.model} {p.label}", cfg=problem(p),
                        layouts=(p.layout,), step_time_s=float(r["result"]["step_time_s"]),
                        gpu="h200-sxm-141gb") for p, r in ran]
-    base = constants_for(points[0].cfg.cluster.gpu)
+    base = constants_for(points[0].cfg.cluster.gpu, points[0].cfg.train.software_stack)
     names = ("gemm_efficiency", "elementwise_passes")
     fitted = fit_constants(points, base, names)
 
@@ -735,7 +735,7 @@ def calibrated_table(rows: Sequence[tuple[Point, Prediction, Result]], calibrati
     before, after = [], []
     for number, (point, pred, res) in enumerate(rows, 1):
         cfg = apply_calibration(problem(point), calibration, path.name)
-        fitted = predict(point, constants_for(cfg.cluster.gpu)).step_time_s
+        fitted = predict(point, constants_for(cfg.cluster.gpu, cfg.train.software_stack)).step_time_s
         if res.step_time_s:
             before.append(abs(pred.step_time_s / res.step_time_s - 1))
             after.append(abs(fitted / res.step_time_s - 1))

@@ -95,7 +95,7 @@ def assess(run: PublishedRun) -> dict:
     Memory is judged on the layout as published (`PublishedRun.as_published`: its own sharding
     where the rules substitute another); the rules on the layout autotune would render."""
     cfg = run.cfg
-    k = constants_for(cfg.cluster.gpu)
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     usable = usable_gpu_bytes(cfg, k)
     estimates = [estimate(cfg, lay, k) for lay in run.layouts]
     memory = [estimate(cfg, run.as_published(lay), k) for lay in run.layouts]
@@ -131,7 +131,7 @@ def assess_moe(row: dict[str, str]) -> dict:
     """The published MoE layout (each recompute choice, sp on with tp > 1): feasibility and the
     fastest feasible choice's predicted tokens/s per GPU against the published figure."""
     cfg = problem(row)
-    k = constants_for(cfg.cluster.gpu)
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     tp, pp, ep = int(row["tp"]), int(row["pp"]), int(row["ep"] or 1)
     layouts = [Layout.derived(cfg.world_size, cfg.train.global_batch_size, tp=tp, pp=pp,
                               cp=int(row["cp"] or 1), vpp=int(row["vpp"] or 1), zero=1,

@@ -182,7 +182,7 @@ def tune_runner(truth) -> Runner:
 
 def structural_violations(cfg, t: LayoutTable, skip: tuple[str, ...] = ()) -> np.ndarray:
     """True where a row breaks a rule other than the model's memory rule (or `skip`)."""
-    k = constants_for(cfg.cluster.gpu)
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     broken = np.zeros(len(t), dtype=bool)
     with np.errstate(divide="ignore", invalid="ignore"):
         for rule in rules_for(cfg.train.framework):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterator
+from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -112,7 +113,7 @@ def fit_constants(
     base: Constants,
     names: Sequence[str] = ("gemm_efficiency", "comm_efficiency"),
     *,
-    prior_sd: float | None = None,
+    prior_sd: float | Mapping[str, float] | None = None,
     step_sd: float = 1.0,
     loss: Loss = "cauchy",
 ) -> Constants:
@@ -131,7 +132,8 @@ def fit_constants(
         points: Measured runs with their candidate layouts (the fastest candidate stands).
         base: The starting constants; every other constant is kept.
         names: The constants to fit (each must have fit bounds).
-        prior_sd: Standard deviation of the log-normal prior around `base`, or None for none.
+        prior_sd: Standard deviation of the log-normal prior around `base`, or None for none;
+            a mapping gives each name its own (a name it lacks has no prior).
         step_sd: Standard deviation of the log step-time error (scales the data residuals).
         loss: "cauchy" or "linear".
 
@@ -144,6 +146,11 @@ def fit_constants(
     high = np.log([FIT_BOUNDS[n][1] for n in names])
     start = np.clip(np.log([getattr(base, n) for n in names]), low, high)
     measured = np.array([p.step_time_s for p in points], dtype=float)
+    spread = None
+    if isinstance(prior_sd, Mapping):
+        spread = np.array([prior_sd.get(n, np.inf) for n in names])
+    elif prior_sd is not None:
+        spread = np.full(len(names), prior_sd)
     groups = _groups(points)
 
     def constants(x: np.ndarray) -> Constants:
@@ -152,9 +159,9 @@ def fit_constants(
     def residuals(x: np.ndarray) -> np.ndarray:
         data: np.ndarray = np.log(_step_s(groups, constants(x), len(points)) / measured)
         data /= step_sd
-        if prior_sd is None:
+        if spread is None:
             return data
-        return np.concatenate([data, (x - start) / prior_sd])
+        return np.concatenate([data, (x - start) / spread])
 
     result = least_squares(residuals, start, bounds=(low, high), x_scale="jac", loss=loss,
                            f_scale=ROBUST_SCALE / step_sd if loss != "linear" else 1.0)

@@ -88,7 +88,7 @@ def calibrate_from_runs(cfg: AutotuneConfig, runs: Sequence[tuple[Layout, float]
             f"--from-runs {source}: {len(runs)} measured runs cannot fit {len(names)} constants "
             f"({', '.join(names)}); measure at least {len(names)} layouts")
     gpu = cfg.cluster.gpu
-    base = constants_for(gpu)
+    base = constants_for(gpu, cfg.train.software_stack)
     points = [Measured(f"run {i}", cfg, (layout,), step, gpu.name, source=source)
               for i, (layout, step) in enumerate(runs)]
     fitted = fit_constants(points, base, names)

@@ -68,7 +68,7 @@ def _spread(shapes: list[tuple[int, int, int]], most: int) -> list[tuple[int, in
 
 def gemm_shapes(cfg: AutotuneConfig, table: LayoutTable) -> list[tuple[int, int, int]]:
     """The distinct M×N×K of every linear GEMM (and the output layer) of the layouts."""
-    k = constants_for(cfg.cluster.gpu)
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     shapes: list[tuple[int, int, int]] = []
     moe = [False, True] if cfg.model.moe_layer_share else [False]
     tokens = table.mbs * cfg.train.seq_length / table.cp

@@ -54,6 +54,14 @@ FRAMEWORKS = {
 """Framework column prefix → the autotune framework whose rules and formulas express it:
 Megatron-style 3D parallelism or FSDP/ZeRO-style sharded data parallelism."""
 
+STACKS = {
+    "Megatron-LM": "megatron-core", "NeMo": "megatron-core", "Megatron-Bridge": "megatron-core",
+    "Megatron-DeepSpeed": "deepspeed", "DeepSpeed": "deepspeed",
+    "Meta 4D": "pytorch", "torchtitan": "pytorch", "LLM Foundry": "pytorch",
+}
+"""Framework column prefix → the software stack that ran it (`autotune.specs.types.Stack`):
+its constants are fitted on its own rows."""
+
 _SHARDING = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 _PRECISION = {"16-bit": "bf16", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
 RELEASED_PRESETS = {"DeepSeek-V3": "deepseek-v3"}
@@ -75,6 +83,13 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
 }
 """Training settings of a run that its launch script sets and the CSV has no column for, by
 `row_id`."""
+FP8_BF16_GRADS = frozenset({"nemo_docs", "megatron_bridge", "mlperf_v41"})
+"""Sources whose fp8 runs reduce gradients in bf16 (`TrainSpec.grad_reduce_in_fp32` false):
+NVIDIA's performance scripts. NVIDIA/NeMo `scripts/performance` sets
+`plugins.grad_reduce_in_fp32 = False` with fp8; NVIDIA-NeMo/Megatron-Bridge
+`scripts/performance` sets `mixed_precision.grad_reduce_in_fp32 = False` and
+`ddp.grad_reduce_in_fp32 = False`; the MLPerf v4.1 submission's precision file is not in the
+stored copy and is taken to follow the same scripts (data/README.md)."""
 _POSITIONS = {"alibi": "rope"}  # position schemes without weights map onto rope
 RUN_MEMORY_TOLERANCE = 0.03
 """A run that happened may be predicted this fraction over the usable memory and still count as
@@ -210,6 +225,14 @@ def autotune_framework(row: dict[str, str]) -> str:
     raise ValueError(f"{row['row_id']}: framework {row['framework']!r} has no mapping")
 
 
+def software_stack(row: dict[str, str]) -> str:
+    """The software stack that ran the row (`STACKS`)."""
+    for prefix, stack in STACKS.items():
+        if row["framework"].startswith(prefix):
+            return stack
+    raise ValueError(f"{row['row_id']}: framework {row['framework']!r} has no stack")
+
+
 def model_spec(row: dict[str, str]) -> ModelSpec:
     """The row's model in autotune's vocabulary (ValueError when the shape is invalid)."""
     if row["model"] in RELEASED_PRESETS:
@@ -252,10 +275,13 @@ def problem(row: dict[str, str]) -> AutotuneConfig:
         "global_batch_size": int(row["global_batch_size"]),
         "precision": _PRECISION[row["precision"]],
         "framework": autotune_framework(row),
+        "stack": software_stack(row),
         "flash_attention": row["fused_attention"] != "no",
         "overlap_grad_reduce": row["overlap_grad_reduce"] != "no",
         "tp_comm_overlap": row["tp_comm_overlap"] == "yes",
     }
+    if row["source_id"] in FP8_BF16_GRADS and setup["precision"] == "fp8":
+        setup["grad_reduce_in_fp32"] = False
     train = TrainSpec(**(setup | RUN_SETTINGS.get(row["row_id"], {})))
     return AutotuneConfig(
         model=model_spec(row), cluster=cluster.model_copy(update=update), train=train
@@ -268,7 +294,7 @@ def _published_zero(row: dict[str, str], cfg: AutotuneConfig) -> int | None:
     if _SHARDING.get(row["sharding"]) != 2 or int(row["pp"]) == 1:
         return None
     probe = LayoutTable.from_layouts([Layout(pp=int(row["pp"]), zero=2)])
-    k = constants_for(cfg.cluster.gpu)
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     zero_rules = [r for r in rules_for(cfg.train.framework) if r.group == RuleGroup.ZERO]
     return 2 if any(bool(r.check(cfg, probe, k)[0]) for r in zero_rules) else None
 
@@ -344,7 +370,7 @@ def published_run(row: dict[str, str]) -> PublishedRun:
     measured = measured_step_s(row, cfg.model) if row["kind"] == "measured" else None
     step, basis = measured if measured else (None, "")
     layouts, notes = candidates(row, cfg)
-    k = constants_for(cfg.cluster.gpu)
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     table = LayoutTable.from_layouts(layouts)
     first = first_broken(cfg, table, k, memory=False)
     legal = [lay for lay, broken in zip(layouts, first, strict=True) if broken < 0]

@@ -35,6 +35,10 @@ from rich.progress import TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from autotune.cli.intervals import interval_json
+from autotune.cli.intervals import interval_line
+from autotune.cli.intervals import tie_title
+from autotune.cli.intervals import vs_table
 from autotune.cli.options import PROBLEM
 from autotune.cli.options import RUNNER
 from autotune.cli.options import SCALE
@@ -47,6 +51,7 @@ from autotune.cli.options import with_options
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.estimate import estimate as estimate_layout
 from autotune.costmodel.estimate import row_estimate
+from autotune.costmodel.uncertainty import prediction_interval
 from autotune.exceptions import AutotuneError
 from autotune.run import Problem
 from autotune.run import RunConfig
@@ -58,6 +63,7 @@ from autotune.search.record import measured_figure
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.space.search_space import no_feasible_message
+from autotune.space.ties import rank_with_ties
 from autotune.specs import AutotuneConfig
 from autotune.specs.inputs import validation_message
 from autotune.specs.inputs import validation_problems
@@ -128,15 +134,17 @@ def _gib(value: float) -> str:
     return f"{value / GIB:.1f}"
 
 
-def _layout_table(title: str, rows: list[Estimate]) -> Table:
-    table = Table(title=title)
-    for column in ("#", "layout", "dp", "gas", "tokens/s", "TFLOP/s/GPU", "MFU", "mem GiB"):
+def _layout_table(title: str, rows: list[Estimate],
+                  tied: list[bool] | None = None, caption: str | None = None) -> Table:
+    table = Table(title=title, caption=caption)
+    columns = ("#", "layout", "dp", "gas", "tokens/s", "TFLOP/s/GPU", "MFU", "mem GiB")
+    for column in (*columns, *(("vs #1",) if tied is not None else ())):
         table.add_column(column, justify="left" if column == "layout" else "right")
     for rank, e in enumerate(rows, 1):
         table.add_row(
             str(rank), e.layout.text, str(e.layout.dp), str(e.layout.gas),
             f"{e.tokens_per_s:,.0f}", f"{e.tflops_per_gpu:.0f}", f"{e.mfu:.1%}",
-            _gib(e.peak_memory_bytes),
+            _gib(e.peak_memory_bytes), *(("tied" if tied[rank - 1] else "",) if tied else ()),
         )
     return table
 
@@ -222,21 +230,23 @@ def space(
     result = enumerate_layouts(cfg, search_space)
     if not len(result):
         raise AutotuneError(no_feasible_message(result))
-    best = [
-        row_estimate(result.feasible.row(i), result.values, i)
-        for i in range(min(top, len(result)))
-    ]
+    band = prediction_interval(cfg)
+    ranked = rank_with_ties([row_estimate(result.feasible.row(i), result.values, i)
+                             for i in range(min(max(top, 500), len(result)))], band)[:top]
+    best = [e for e, _ in ranked]
     if as_json:
         print(json.dumps({
             "model": _model_summary(cfg),
             "inputs": cfg.model_dump(), "space": search_space.model_dump(),
             "candidates": result.total, "feasible": len(result), "removed": result.removed,
-            "top": [e.to_dict() for e in best],
+            "interval": interval_json(cfg),
+            "top": [e.to_dict() | {"tied_with_first": t} for e, t in ranked],
         }, indent=2))
         return
     console.print(_headline(cfg))
     console.print(_rules_table(result.removed, result.total))
-    console.print(_layout_table(f"Top {len(best)} of {len(result):,} feasible layouts", best))
+    console.print(_layout_table(f"Top {len(best)} of {len(result):,} feasible layouts", best,
+                                [t for _, t in ranked], tie_title(band)))
 
 
 def _model_summary(cfg: AutotuneConfig) -> dict[str, Any]:
@@ -249,6 +259,8 @@ def _model_summary(cfg: AutotuneConfig) -> dict[str, Any]:
 @with_options(*PROBLEM_OPTIONS)
 def estimate(
     layout: LayoutOpt,
+    vs: Annotated[str | None, typer.Option(
+        "--vs", help="Another layout (e.g. your current recipe): both, part by part.")] = None,
     as_json: JsonOpt = False,
     *,
     config: dict[str, Any],
@@ -261,10 +273,13 @@ def estimate(
     cfg = _problem(config).load()
     parsed, broken = check_layout(cfg, layout)
     result = estimate_layout(cfg, parsed)
+    other = estimate_layout(cfg, check_layout(cfg, vs)[0]) if vs else None
     if as_json:
         print(json.dumps({
             "model": _model_summary(cfg),
             **result.to_dict(),
+            "interval": interval_json(cfg),
+            **({"vs": other.to_dict()} if other else {}),
             "feasible": not broken,
             "violations": [{"rule": n, "reason": r} for n, r in broken],
         }, indent=2))
@@ -292,6 +307,9 @@ def estimate(
     time.add_row("[bold]total[/]", f"[bold]{result.step_time_s:.4f}[/]", "100%")
     console.print(mem)
     console.print(time)
+    if other:
+        console.print(vs_table(result, other))
+    console.print(interval_line(cfg, result))
     console.print(
         f"tokens/s {result.tokens_per_s:,.0f} · TFLOP/s/GPU {result.tflops_per_gpu:.1f} "
         f"(hardware {result.hw_tflops_per_gpu:.1f}) · MFU {result.mfu:.1%} "

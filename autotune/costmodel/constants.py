@@ -54,10 +54,10 @@ class Constants(BaseModel):
     gemm_half_size: float = _fitted(512.0, 64.0, 4096.0, gt=0)
     """Cube root of M·N·K at which a GEMM reaches half of `gemm_efficiency`: tile and wave
     quantization of small GEMMs. Unit: elements. Source: cuBLAS. Fit bounds 64-4096."""
-    fp8_gemm_efficiency: float = Field(default=0.65, gt=0, le=1)
+    fp8_gemm_efficiency: float = _fitted(0.65, 0.3, 0.95, gt=0, le=1)
     """Fraction of the dense FP8 peak that large FP8 GEMMs reach. Unit: dimensionless. Source:
     Transformer Engine FP8 GEMMs on H100 run about 1.7x their BF16 rate (the FP8 peak is 2x, and
-    per-tensor scaling kernels reach a lower fraction of it). Not fitted (bf16 runs only)."""
+    per-tensor scaling kernels reach a lower fraction of it). Fit bounds 0.3-0.95 (fp8 rows)."""
     attention_efficiency: float = _fitted(0.5, 0.25, 0.8, gt=0, le=1)
     """Fraction of the dense 16-bit peak that fused (flash) attention reaches, forward plus
     backward, in model FLOPs (the backward's recompute of the scores is inside it); it runs at
@@ -138,7 +138,34 @@ def _table() -> dict[str, dict[str, Any]]:
     return yaml.safe_load(path.read_text()) or {}
 
 
-def constants_for(gpu: GPUSpec) -> Constants:
-    """The calibrated constants of a GPU preset, else the defaults; a calibration file's
-    (`GPUSpec.constants`, see `autotune.calibration.file`) over both."""
-    return Constants(**{**_table().get(gpu.name, _table().get("default", {})), **gpu.constants})
+def calibration(gpu: str, stack: str) -> dict[str, Any] | None:
+    """The stored calibration of one (GPU preset, stack): its fitted constants and, under
+    `intervals`, the cross-validated residuals per regime (`intervals_from`: the GPU preset they
+    were measured on, where it is another of the same die); None when that pair was never
+    fitted."""
+    entry = _table().get(gpu, {}).get("stacks", {}).get(stack)
+    return dict(entry) if isinstance(entry, dict) else None
+
+
+def calibrated_gpu(gpu: GPUSpec) -> str | None:
+    """The GPU preset whose calibration applies: the preset itself, or the one a custom GPU
+    names with `like`; None for a custom GPU without `like`."""
+    name = gpu.like or gpu.name
+    return name if name in _table() and name != "default" else None
+
+
+def constants_for(gpu: GPUSpec, stack: str | None = None) -> Constants:
+    """The calibrated constants of a GPU preset (or the preset a custom GPU is `like`) run by
+    `stack`: the GPU's own values, overlaid by that stack's fit where one exists; else the
+    defaults; a calibration file's constants (`GPUSpec.constants`, see
+    `autotune.calibration.file`) over all of them."""
+    table = _table()
+    name = calibrated_gpu(gpu)
+    if name is None:
+        return Constants(**{**table.get("default", {}), **gpu.constants})
+    values = {key: value for key, value in table[name].items() if key != "stacks"}
+    fitted = calibration(name, stack) if stack else None
+    if fitted:
+        values |= {key: value for key, value in fitted.items()
+                   if key not in ("intervals", "intervals_from")}
+    return Constants(**{**values, **gpu.constants})

@@ -23,7 +23,7 @@ def evaluate(
     cfg: AutotuneConfig, table: LayoutTable, k: Constants | None = None
 ) -> dict[str, Any]:
     """Memory parts, time parts and the headline figures of every row of `table` (numpy arrays)."""
-    k = k or constants_for(cfg.cluster.gpu)
+    k = k or constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     memory = estimate_memory(cfg, table, k)
     time = estimate_time(cfg, table, k)
     train = cfg.train

@@ -58,6 +58,14 @@ def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     sharded = (4 + 4 * groups) * sbh + act * s * t.mbs * width
     scores = 0 if cfg.train.flash_attention else 5 * m.num_attention_heads * s * s * t.mbs
     sharded = sharded + scores * (t.recompute == 0)
+    te_fp8 = fp8_saved_inputs(cfg)
+    if te_fp8:
+        # the QKV and MLP inputs (norm outputs) and the MLP down-projection input are kept in
+        # fp8 (1 B); the attention output stays 16-bit for the attention backward and the
+        # output projection keeps an fp8 copy of it (+1 B)
+        q = m.head_dim * m.num_attention_heads
+        replicated = replicated - 2 * sbh
+        sharded = sharded - s * t.mbs * (width - q)
     stored: np.ndarray = replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp
     if not moe:
         return stored
@@ -66,9 +74,20 @@ def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     # router's fp32 probabilities and 1-byte routing map over E experts for its own tokens
     copies = routed_tokens(cfg, t) * k.moe_load_imbalance
     routed = copies * (4 * m.hidden_size + act * m.moe_ffn / t.etp)
+    if te_fp8:  # the grouped GEMMs keep their inputs in fp8
+        routed = routed - copies * (m.hidden_size + m.moe_ffn / t.etp)
     router = s * t.mbs / t.tp * 5 * (m.num_experts or 1)
     moe_stored: np.ndarray = stored + routed + router
     return moe_stored
+
+
+def fp8_saved_inputs(cfg: AutotuneConfig) -> bool:
+    """Whether linear layers keep their inputs for the weight gradient in fp8: Transformer
+    Engine in fp8 training (megatron-core stack). Source: NVIDIA/TransformerEngine
+    `transformer_engine/pytorch/module/linear.py`, `_Linear.forward`: with fp8 (and no
+    wgrad precision override) it saves the fp8-cast input, or its fp8 transpose, instead of
+    the 16-bit input; `layernorm_linear.py` likewise for the norm output."""
+    return cfg.train.precision == "fp8" and cfg.train.software_stack == "megatron-core"
 
 
 def _layer_input_bytes(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:

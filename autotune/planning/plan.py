@@ -105,7 +105,7 @@ def model_interval(cfg: AutotuneConfig, prediction: Estimate) -> Interval | None
 
 def preset_constants(cfg: AutotuneConfig) -> Constants:
     """The GPU preset's constants (`autotune/presets/constants.yaml`)."""
-    return constants_for(cfg.cluster.gpu)
+    return constants_for(cfg.cluster.gpu, cfg.train.software_stack)
 
 
 def mark_for(efficiency: float) -> str:

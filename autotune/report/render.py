@@ -135,7 +135,7 @@ def _top(run: data.RunData, top_k: int) -> list[dict[str, Any]]:
 
 def _memory_points(run: data.RunData) -> list[tuple[float, float, str]]:
     cfg = run.cfg
-    k = constants_for(cfg.cluster.gpu)
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     points = []
     for r in run.records:
         status = r.get("status")
@@ -155,7 +155,7 @@ def build_plots(run: data.RunData, top_k: int = 5) -> dict[str, str]:
     """SVG text of every plot the folder has data for, by name (see PLOT_CAPTIONS)."""
     out: dict[str, str] = {}
     cfg = run.cfg
-    usable = usable_gpu_bytes(cfg, constants_for(cfg.cluster.gpu))
+    usable = usable_gpu_bytes(cfg, constants_for(cfg.cluster.gpu, cfg.train.software_stack))
     top = _top(run, top_k)
     if top:
         labels = [f"#{i + 1} {short_layout(r['layout_fields'])}" for i, r in enumerate(top)]

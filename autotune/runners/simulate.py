@@ -72,7 +72,8 @@ class SimulateRunner(Runner):
 
     def truth_constants(self, cfg: AutotuneConfig) -> Constants:
         """The constants of the simulated cluster."""
-        return perturbed_constants(constants_for(cfg.cluster.gpu), self.noise, self.seed)
+        k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
+        return perturbed_constants(k, self.noise, self.seed)
 
     def run(self, plan: TrialPlan) -> Measurement:
         cfg, layout = plan.cfg, plan.layout

@@ -259,7 +259,7 @@ def refit_study(
     Returns:
         The report; with fewer than two measured trials nothing is fitted (after == before).
     """
-    base = k or constants_for(cfg.cluster.gpu)
+    base = k or constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     measured = [
         r for r in records
         if ran(r) and r.get("status") == "ok" and measured_figure(r, "step_time_s")

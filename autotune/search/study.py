@@ -393,7 +393,7 @@ def tune(
     """
     options = settings
     space = space.resolved(cfg)  # the study chooses ep and etp among the model's values
-    k = constants_for(cfg.cluster.gpu)
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     enumeration = enumerate_layouts(cfg, space, k)
     if not len(enumeration):
         raise AutotuneError(no_feasible_message(enumeration))

@@ -75,7 +75,7 @@ def violations(
     The memory rules are checked (unless `memory` is False) only for a layout that breaks no
     structural rule: the memory of a structurally broken layout means nothing.
     """
-    k = k or constants_for(cfg.cluster.gpu)
+    k = k or constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     table = LayoutTable.from_layouts([layout])
     estimated = None
     found: list[tuple[str, str]] = []

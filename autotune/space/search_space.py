@@ -299,7 +299,7 @@ def enumerate_layouts(
     cfg: AutotuneConfig, space: SearchSpace, k: Constants | None = None
 ) -> Enumeration:
     """Apply the framework's rules to the space; rank survivors by predicted throughput."""
-    k = k or constants_for(cfg.cluster.gpu)
+    k = k or constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     table = candidates(cfg, space)
     total = len(table)
     table, removed = apply_rules(cfg, table, k)

@@ -32,6 +32,7 @@ from autotune.specs.types import PositionEmbedding
 from autotune.specs.types import Precision
 from autotune.specs.types import Seed
 from autotune.specs.types import SeqLength
+from autotune.specs.types import Stack
 from autotune.specs.types import TFlops
 from autotune.specs.types import VocabSize
 from autotune.specs.types import Width
@@ -65,6 +66,7 @@ __all__ = [
     "RopeScaling",
     "Seed",
     "SeqLength",
+    "Stack",
     "TFlops",
     "TrainSpec",
     "VocabSize",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 from pydantic import Field
 from pydantic import StrictBool
+from pydantic import model_validator
 
 from autotune.specs.types import FROZEN
 from autotune.specs.types import DevicesPerNode
@@ -27,6 +28,9 @@ class GPUSpec(BaseModel):
 
     name: str = "custom-gpu"
     """Preset name or free text."""
+    like: str | None = None
+    """A GPU preset whose calibrated constants this (custom) GPU inherits, e.g. h100-sxm-80gb
+    for an H100 with other clocks or memory; without it a custom GPU is uncalibrated."""
     memory_gb: GpuMemoryGiB
     """Device memory as the datasheet states it ("80GB"); vendors' figures match what CUDA
     reports in GiB (A100 80GB: 81,920 MiB; H200 141GB: 143,771 MiB), so it is read as GiB."""
@@ -44,6 +48,14 @@ class GPUSpec(BaseModel):
     def memory_bytes(self) -> float:
         """Device memory in bytes (memory_gb read as GiB, as CUDA reports it)."""
         return self.memory_gb * GIB
+
+
+PLAUSIBLE_GB_S = {"intra_node_gb_s": (900.0, "NVLink 5, 900 GB/s per GPU and direction"),
+                  "inter_node_gb_s": (100.0, "an 800 Gb/s NIC per GPU, 100 GB/s"),
+                  "pcie_gb_s": (128.0, "PCIe 6.0 x16, 128 GB/s per direction")}
+"""The fastest link of each kind shipping today (per GPU and direction): a cluster claiming over
+twice as much is refused unless `unchecked_links` is set (a Gb/s figure read as GB/s is the
+usual slip: 400 Gb/s is 50 GB/s)."""
 
 
 class ClusterSpec(BaseModel):
@@ -72,6 +84,21 @@ class ClusterSpec(BaseModel):
     price_per_gpu_hour: GpuHourPrice | None = None
     """What one GPU-hour of this cluster costs, in the currency of the plan (`autotune plan`
     multiplies GPU-hours by it); None: not known (give `--price`)."""
+    unchecked_links: StrictBool = False
+    """Accept link speeds over twice the fastest shipping link (`PLAUSIBLE_GB_S`)."""
+
+    @model_validator(mode="after")
+    def _check_links(self) -> ClusterSpec:
+        if self.unchecked_links:
+            return self
+        for field, (fastest, what) in PLAUSIBLE_GB_S.items():
+            value = getattr(self, field)
+            if value > 2 * fastest:
+                raise ValueError(
+                    f"{field} {value:g} GB/s per GPU and direction is over twice {what}; "
+                    f"give GB/s, not Gb/s ({value:g} Gb/s = {value / 8:g} GB/s), or set "
+                    "unchecked_links: true")
+        return self
 
     @property
     def world_size(self) -> int:

@@ -155,9 +155,15 @@ def default_train(model_ref: str) -> dict[str, Any]:
 
 def load_gpu(ref: Any, source: str) -> GPUSpec:
     """An accelerator from a preset name or an inline mapping."""
-    if isinstance(ref, dict):
-        return _build(GPUSpec, ref, f"{source}: gpu")
     gpus = _presets("gpus")
+    if isinstance(ref, dict):
+        like = ref.get("like")
+        if like is not None and like not in gpus:
+            raise AutotuneError(
+                f"{source}: gpu: like: {shorten(like)} is not a GPU preset; use one of "
+                f"{', '.join(gpu_presets())} (its calibrated constants apply) or drop it"
+            )
+        return _build(GPUSpec, ref, f"{source}: gpu")
     if not isinstance(ref, str) or ref not in gpus:
         raise AutotuneError(
             f"{source}: gpu: {shorten(ref)} is neither a preset nor a mapping of memory_gb, "

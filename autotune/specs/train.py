@@ -14,11 +14,13 @@ from pydantic import StrictBool
 from pydantic import create_model
 from pydantic import model_validator
 
+from autotune.specs.types import DEFAULT_STACKS
 from autotune.specs.types import FROZEN
 from autotune.specs.types import BatchSize
 from autotune.specs.types import Framework
 from autotune.specs.types import Precision
 from autotune.specs.types import SeqLength
+from autotune.specs.types import Stack
 
 
 class TrainSpec(BaseModel):
@@ -34,10 +36,18 @@ class TrainSpec(BaseModel):
     """Compute precision of the matrix multiplies (fp8 = fp8 GEMMs with bf16 elsewhere)."""
     framework: Framework = "megatron"
     """Framework whose rules and configs apply."""
+    stack: Stack | None = None
+    """Software stack that runs the kernels (`autotune.specs.types.Stack`); its calibrated
+    constants apply. None: the framework's own (megatron: megatron-core, deepspeed: deepspeed)."""
     flash_attention: StrictBool = True
     """Fused attention that never stores the s×s score matrix (FlashAttention / cuDNN)."""
     overlap_grad_reduce: StrictBool = True
     """Data-parallel gradient reduction overlaps the last backward pass."""
+    grad_reduce_in_fp32: StrictBool = True
+    """Megatron keeps its gradient buffer, and reduces it over data parallelism, in fp32: the
+    default of Megatron-LM's `arguments.py` for bf16; False is `--grad-reduce-in-bf16`, the
+    setting of NeMo's and Megatron-Bridge's performance recipes (`scripts/performance`): a
+    2-byte buffer and reduction."""
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives run in chunks under the GEMMs (Transformer Engine userbuffers:
     Megatron's `--tp-comm-overlap`, with sequence parallelism only)."""
@@ -58,9 +68,17 @@ class TrainSpec(BaseModel):
         if self.framework != "megatron" and self.moe_token_dispatcher != "alltoall":
             raise ValueError(f"moe_token_dispatcher {self.moe_token_dispatcher!r} is Megatron's; "
                              f"use alltoall with {self.framework}")
+        if self.framework != "megatron" and not self.grad_reduce_in_fp32:
+            raise ValueError("grad_reduce_in_fp32 false is Megatron's --grad-reduce-in-bf16; "
+                             f"set it true for {self.framework}")
         if self.framework != "megatron" and self.moe_a2a_overlap:
             raise ValueError(f"moe_a2a_overlap is Megatron's; set it false for {self.framework}")
         return self
+
+    @property
+    def software_stack(self) -> Stack:
+        """The stack that runs this setup: `stack`, else the framework's default."""
+        return self.stack or DEFAULT_STACKS[self.framework]
 
     @property
     def tokens_per_step(self) -> int:

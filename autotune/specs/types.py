@@ -17,6 +17,13 @@ from pydantic_core import PydanticCustomError
 
 Precision = Literal["bf16", "fp16", "fp8", "fp32"]
 Framework = Literal["megatron", "deepspeed"]
+Stack = Literal["megatron-core", "deepspeed", "pytorch"]
+"""The software that runs the kernels and collectives (its constants are calibrated apart):
+megatron-core, Megatron-LM / Megatron-Core with Transformer Engine (NeMo, Megatron-Bridge);
+deepspeed, DeepSpeed (and Megatron-DeepSpeed); pytorch, PyTorch-native sharded data parallelism
+(FSDP: torchtitan, LLM Foundry, Meta's 4D parallelism)."""
+DEFAULT_STACKS: dict[str, Stack] = {"megatron": "megatron-core", "deepspeed": "deepspeed"}
+"""The stack a framework runs on unless the training setup names another."""
 
 FROZEN = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 

@@ -158,7 +158,9 @@ def _ddp_extra_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
     overlap = cfg.train.overlap_grad_reduce
     return {
         # bf16 accumulates and all-reduces gradients in fp32 (Megatron-LM's validate_args)
-        "grad_reduce_in_fp32": cfg.train.precision in ("bf16", "fp8"),
+        # unless --grad-reduce-in-bf16
+        "grad_reduce_in_fp32": (cfg.train.precision in ("bf16", "fp8")
+                                and cfg.train.grad_reduce_in_fp32),
         # get_model: buckets of max(40M, 1M·dp·cp) elements; one bucket without overlap
         "bucket_size": max(40_000_000, 1_000_000 * layout.dp * layout.cp) if overlap else None,
         # --align-param-gather is on by default and kept only with interleaving

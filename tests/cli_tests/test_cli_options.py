@@ -13,10 +13,11 @@ from autotune.cli.app import app
 from autotune.run import RunnerSettings
 
 PROBLEM = ["--calibration", "--cluster", "--config", "--flash-attention", "--framework", "--gbs",
+           "--grad-reduce-in-fp32", "--no-grad-reduce-in-fp32",
            "--model", "--moe-a2a-overlap", "--moe-dispatcher", "--no-flash-attention",
            "--ignore-calibration-mismatch", "--no-ignore-calibration-mismatch",
            "--no-moe-a2a-overlap", "--no-overlap-grad-reduce", "--no-tp-comm-overlap",
-           "--overlap-grad-reduce", "--precision", "--processes", "--seq", "--space",
+           "--overlap-grad-reduce", "--precision", "--processes", "--seq", "--space", "--stack",
            "--tp-comm-overlap", "-c", "-m"]
 RUNNER = ["--account", "--command", "--hang-timeout", "--launcher", "--megatron-lm", "--noise",
           "--partition", "--runner", "--seed", "--slurm-opt", "--steps", "--time-limit",
@@ -24,7 +25,7 @@ RUNNER = ["--account", "--command", "--hang-timeout", "--launcher", "--megatron-
 PINNED = {
     "(global)": ["--debug", "--no-debug"],
     "space": sorted([*PROBLEM, "--json", "--top"]),
-    "estimate": sorted([*PROBLEM, "--json", "--layout", "-l"]),
+    "estimate": sorted([*PROBLEM, "--json", "--layout", "--vs", "-l"]),
     "render": sorted([*PROBLEM, "--layout", "--out", "-l"]),
     "tune": sorted([*PROBLEM, *RUNNER, "--confidence", "--jobs", "--json", "--no-resume",
                     "--no-stop-when-confident", "--no-verify", "--out", "--repeat", "--resume",

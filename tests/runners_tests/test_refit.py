@@ -84,7 +84,7 @@ def test_the_report_shows_the_fit_that_ranked_the_trials(tmp_path: Path) -> None
     report = refit_study(CFG, result.records, space=SPACE)
 
     feasible = enumerate_layouts(CFG, SPACE).feasible
-    proposer = Proposer(CFG, feasible, constants_for(CFG.cluster.gpu))
+    proposer = Proposer(CFG, feasible, constants_for(CFG.cluster.gpu, CFG.train.software_stack))
     ok = [Outcome(Layout(**r["layout_fields"]), "ok", float(r["measured_step_time_s"]))
           for r in result.records if r.get("status") == "ok" and r.get("measured_step_time_s")]
     searched, _ = proposer.fitted(ok)

@@ -99,11 +99,14 @@ def _fits_hidden(table: LayoutTable, values: dict) -> np.ndarray:
     return rows.fixed + 1.2 * rows.activation + 6 * GIB <= CFG.cluster.gpu.memory_bytes
 
 
-def test_the_search_stops_walking_into_the_memory_edge(tmp_path: Path) -> None:
+def test_the_search_stops_walking_into_the_memory_edge(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Oracle: the hand-set cluster above. At least half of the model's top 10 layouts run out
     of memory on it (walking the ranking runs into OOM after OOM); the search may spend at
     most 2 trials on OOMs, the trial after an OOM fits, and it still reaches the fastest layout
-    that fits, within 2 %."""
+    that fits, within 2 %. The scenario was set on the H100's own constants: the per-stack
+    calibration is switched off here (it reorders the ranking the scenario was built around)."""
+    monkeypatch.setattr("autotune.costmodel.constants.calibration", lambda gpu, stack: None)
     space = load_space(None, "megatron")
     enumeration = enumerate_layouts(CFG, space)
     fits = _fits_hidden(enumeration.feasible, enumeration.values)

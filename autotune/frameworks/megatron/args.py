@@ -327,10 +327,11 @@ def _precision_args(cfg: AutotuneConfig) -> list[str]:
     precision = cfg.train.precision
     if precision == "fp16":
         return ["--fp16"]
-    if precision == "bf16":
-        return ["--bf16"]
+    reduce = [] if cfg.train.grad_reduce_in_fp32 else ["--grad-reduce-in-bf16"]
     if precision == "fp8":
-        return ["--bf16", "--fp8-format", "hybrid"]
+        return ["--bf16", "--fp8-format", "hybrid", *reduce]
+    if precision == "bf16":
+        return ["--bf16", *reduce]
     return []
 
 

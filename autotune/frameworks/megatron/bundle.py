@@ -180,12 +180,13 @@ class Megatron(Framework):
         self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray,
         shard: np.ndarray,
     ) -> dict[str, np.ndarray]:
-        """16-bit weights, fp32 main gradients (4 B), fp32 master + Adam moments (12 B);
-        sharded over dp·cp (experts: edp) by the distributed optimizer (zero 1) or Megatron-FSDP
-        (2, 3)."""
+        """16-bit weights, main gradients in the buffer's dtype (`grad_reduce_bytes`: 4 B fp32,
+        2 B with --grad-reduce-in-bf16), fp32 master + Adam moments (12 B); sharded over dp·cp
+        (experts: edp) by the distributed optimizer (zero 1) or Megatron-FSDP (2, 3)."""
         n, z = shard, t.zero
+        g = self.grad_reduce_bytes(cfg)
         weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
-        grads = np.where(z >= 2, 4 * params / n + 4 * (z >= 3) * gathered, 4 * params)
+        grads = np.where(z >= 2, g * params / n + g * (z >= 3) * gathered, g * params)
         optimizer = np.where(z >= 1, 12 * params / n, 12 * params)
         offloaded = t.offload >= 1
         optimizer = np.where(offloaded, 0.0, optimizer)
@@ -200,8 +201,9 @@ class Megatron(Framework):
         return np.maximum(40_000_000, 1_000_000 * t.shard_degree)
 
     def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int:
-        """fp32: Megatron accumulates and reduces gradients in fp32 (`validate_args` for bf16)."""
-        return 4
+        """fp32: Megatron accumulates and reduces gradients in fp32 (`validate_args` for bf16),
+        unless `grad_reduce_in_fp32` is off (--grad-reduce-in-bf16): 2 B."""
+        return 4 if cfg.train.grad_reduce_in_fp32 else 2
 
     def render(
         self, cfg: AutotuneConfig, layout: Layout, options: RenderOptions

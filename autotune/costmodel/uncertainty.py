@@ -1,0 +1,105 @@
+"""How far a step-time prediction may be off: an interval from cross-validated residuals.
+
+`benchmarks/accuracy.py --fit` predicts every published run with constants fitted without the
+run's source (leave one source out) and stores, per (GPU preset, software stack, regime), the
+ratios measured / predicted step time in `autotune/presets/constants.yaml` (`intervals`). The
+interval of a new prediction is the range of those ratios, widened to contain 1: the worst
+error seen on each side when the model predicted a publication it was not fitted on. A regime
+is the precision class (bf16 or fp8) and, for Mixture-of-Experts models, `-moe`; a regime the
+pair has no residuals for takes the pair's pooled residuals (`all`). A pair never fitted (a
+custom GPU without `like`, a stack without published runs on that GPU) has no interval: its
+figures are "uncalibrated".
+
+API (small on purpose): `prediction_interval(cfg) -> Interval | None`; `Interval.step_s(x)`
+and `Interval.throughput(x)` turn a predicted figure into its (low, high) range;
+`Interval.overlaps` tells whether two predictions are indistinguishable; `UNCALIBRATED` is the
+mark printed instead of a range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from autotune.costmodel.constants import calibrated_gpu
+from autotune.costmodel.constants import calibration
+from autotune.specs import AutotuneConfig
+
+UNCALIBRATED = "uncalibrated"
+"""The mark a figure carries when its (GPU, stack) has no cross-validated interval."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Interval:
+    """Measured / predicted step time lies in [low, high] (relative factors, low <= 1 <= high)
+    on `rows` held-out published runs from `sources` publications of `key`."""
+
+    low: float
+    high: float
+    rows: int
+    sources: int
+    key: str
+    """gpu/stack/regime the residuals come from."""
+
+    def step_s(self, predicted: float) -> tuple[float, float]:
+        """(low, high) step time in seconds around a predicted one."""
+        return predicted * self.low, predicted * self.high
+
+    def throughput(self, predicted: float) -> tuple[float, float]:
+        """(low, high) of a rate (tokens/s, TFLOP/s, MFU) around a predicted one."""
+        return predicted / self.high, predicted / self.low
+
+    def overlaps(self, step_a: float, step_b: float) -> bool:
+        """Whether the step-time ranges of two predictions (same interval) overlap: the model
+        cannot tell which of the two layouts is faster."""
+        a_low, a_high = self.step_s(step_a)
+        b_low, b_high = self.step_s(step_b)
+        return a_low <= b_high and b_low <= a_high
+
+    def text(self) -> str:
+        """'-4 %/+7 %' style relative range of the step time."""
+        return f"{self.low - 1:+.0%}/{self.high - 1:+.0%} step time"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return dataclasses.asdict(self)
+
+
+def regime(cfg: AutotuneConfig) -> str:
+    """The residual class of a setup: bf16 or fp8, `-moe` for Mixture-of-Experts models."""
+    base = "fp8" if cfg.train.precision == "fp8" else "bf16"
+    return base + ("-moe" if cfg.model.num_experts else "")
+
+
+def residual_summary(ratios: Sequence[float], sources: int) -> dict[str, float | int]:
+    """What `constants.yaml` stores for one regime: the range of measured / predicted step time
+    over the held-out rows (widened to contain 1), the row and source counts."""
+    values = np.asarray(ratios, dtype=float)
+    return {"low": round(float(min(values.min(), 1.0)), 4),
+            "high": round(float(max(values.max(), 1.0)), 4),
+            "rows": int(values.size), "sources": int(sources)}
+
+
+def prediction_interval(cfg: AutotuneConfig) -> Interval | None:
+    """The interval of this setup's step-time predictions, or None when uncalibrated."""
+    gpu = calibrated_gpu(cfg.cluster.gpu)
+    stack = cfg.train.software_stack
+    entry = calibration(gpu, stack) if gpu else None
+    intervals = (entry or {}).get("intervals") or {}
+    name = regime(cfg)
+    key = name if name in intervals else "all"
+    stored = intervals.get(key)
+    if not stored:
+        return None
+    origin = (entry or {}).get("intervals_from") or gpu
+    return Interval(float(stored["low"]), float(stored["high"]), int(stored["rows"]),
+                    int(stored["sources"]), f"{origin}/{stack}/{key}")
+
+
+def interval_text(cfg: AutotuneConfig) -> str:
+    """The interval's text, or the uncalibrated mark."""
+    interval = prediction_interval(cfg)
+    return interval.text() if interval else UNCALIBRATED
