@@ -735,7 +735,8 @@ def calibrated_table(rows: Sequence[tuple[Point, Prediction, Result]], calibrati
     before, after = [], []
     for number, (point, pred, res) in enumerate(rows, 1):
         cfg = apply_calibration(problem(point), calibration, path.name)
-        fitted = predict(point, constants_for(cfg.cluster.gpu, cfg.train.software_stack)).step_time_s
+        k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
+        fitted = predict(point, k).step_time_s
         if res.step_time_s:
             before.append(abs(pred.step_time_s / res.step_time_s - 1))
             after.append(abs(fitted / res.step_time_s - 1))
