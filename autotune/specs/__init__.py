@@ -9,6 +9,10 @@ from autotune.specs.cluster import GPUSpec
 from autotune.specs.config import AutotuneConfig
 from autotune.specs.model import ModelSpec
 from autotune.specs.model import RopeScaling
+from autotune.specs.recipe import JobSpec
+from autotune.specs.recipe import Recipe
+from autotune.specs.recipe import RecipeSpec
+from autotune.specs.recipe import resolve_recipe
 from autotune.specs.train import TrainSpec
 from autotune.specs.types import MAX_LAYERS
 from autotune.specs.types import Activation
@@ -51,6 +55,7 @@ __all__ = [
     "HeadCount",
     "HostMemoryGB",
     "Integer",
+    "JobSpec",
     "LayerBlock",
     "LayerCount",
     "LayerCountOrZero",
@@ -62,6 +67,8 @@ __all__ = [
     "NodeCount",
     "PositionEmbedding",
     "Precision",
+    "Recipe",
+    "RecipeSpec",
     "RopeScaling",
     "Seed",
     "SeqLength",
@@ -70,4 +77,5 @@ __all__ = [
     "VocabSize",
     "Width",
     "at_most",
+    "resolve_recipe",
 ]
