@@ -48,6 +48,8 @@ from autotune.run import prepare_out
 from autotune.run import resume_command
 from autotune.runners.factory import RunnerSettings
 from autotune.runners.factory import figure_label
+from autotune.scaling import THRESHOLDS
+from autotune.scaling import lost_text
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.space.search_space import no_feasible_message
@@ -327,21 +329,22 @@ def _records_table(title: str, records: list[dict[str, Any]], label: str) -> Tab
 
 def _scaling_table(result: Any) -> Table:
     label = figure_label(result.runner)
-    table = Table(title=f"{result.mode} scaling of {result.layout.id} ({label})")
-    for column in ("GPUs", "nodes", "dp", "gas", "status", "tokens/s", "tok/s/GPU",
-                   "efficiency", "flag / reason", "grew most"):
-        table.add_column(
-            column,
-            justify="left" if column in ("status", "flag / reason", "grew most") else "right",
-        )
+    table = Table(title=f"{result.mode} scaling of {result.layout.text} ({label})",
+                  caption=THRESHOLDS)
+    left = ("status", "flag / reason", "efficiency lost to", "grew most")
+    for column in ("GPUs", "nodes", "dp", "gas", "global batch", "status", "tokens/s",
+                   "tok/s/GPU", "efficiency", "flag / reason", "efficiency lost to",
+                   "grew most"):
+        table.add_column(column, justify="left" if column in left else "right")
     for p in result.points:
-        grew = f"{p.grew} (-{p.grew_loss:.1%})" if p.grew else ""
+        grew = f"{p.grew} ({p.grew_loss:.1%} lost)" if p.grew else ""
         table.add_row(
-            str(p.gpus), str(p.nodes), str(p.dp or "-"), str(p.gas or "-"), p.status,
+            str(p.gpus), str(p.nodes), str(p.dp or "-"), str(p.gas or "-"),
+            f"{p.global_batch_size:,}" if p.global_batch_size else "-", p.status,
             f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-",
             f"{p.tokens_per_s_per_gpu:,.0f}" if p.tokens_per_s else "-",
             f"{p.efficiency:.2f}" if p.efficiency is not None else "-",
-            p.flag or f"{p.rule} {p.reason}".strip(), grew,
+            p.flag or f"{p.rule} {p.reason}".strip(), lost_text(p.lost), grew,
         )
     return table
 
