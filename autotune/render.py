@@ -37,6 +37,8 @@ from autotune.frameworks.deepspeed import config as deepspeed_config
 from autotune.frameworks.deepspeed import hostfile
 from autotune.frameworks.megatron.args import megatron_args
 from autotune.frameworks.megatron.bundle import launch_script as megatron_launch_script
+from autotune.launchers import LAUNCH
+from autotune.launchers import manifests
 from autotune.layout import Layout
 from autotune.space.rules import structural_violations
 from autotune.specs import AutotuneConfig
@@ -104,7 +106,13 @@ def sbatch_script(
     )["sbatch.sh"]
 
 
-def _options_render(
+def _options_render(cfg: AutotuneConfig, layout: Layout, **options: Any) -> dict[str, str]:
+    """The framework's artifacts (no rule check: the callers that need one make it); `options`
+    are `_render_options`'."""
+    return framework_of(cfg).render(cfg, layout, _render_options(cfg, layout, **options))
+
+
+def _render_options(
     cfg: AutotuneConfig,
     layout: Layout,
     *,
@@ -117,9 +125,9 @@ def _options_render(
     megatron_lm: str = "/opt/Megatron-LM",
     train_iters: int = 20,
     trial: bool = False,
-) -> dict[str, str]:
-    """The framework's artifacts (no rule check: the callers that need one make it); the
-    Slurm options given here win over the config's `job` section."""
+) -> RenderOptions:
+    """The RenderOptions of a layout: checked #SBATCH lines (the arguments win over the config's
+    `job` section), placeholders for the unset site options, the container and the program."""
     job = cfg.job
     site = {"partition": partition or job.partition, "account": account or job.account,
             "time": time_limit or job.time}
@@ -132,13 +140,12 @@ def _options_render(
         if not key.startswith("--"):
             raise AutotuneError(f"sbatch: extra option {item!r} must look like --key=value")
         named[key] = value if sep else None
-    render_options = RenderOptions(
+    return RenderOptions(
         directives=tuple(sbatch_directives(named)), gpus=not cfg.cluster.cpu_processes,
         program=program, megatron_lm=megatron_lm, train_iters=train_iters, trial=trial,
         placeholders=tuple(key for key, value in site.items() if value is None),
         container_image=job.container_image or "", container_mounts=",".join(job.container_mounts),
     )
-    return framework_of(cfg).render(cfg, layout, render_options)
 
 
 def render_artifacts(
@@ -244,6 +251,9 @@ def write_artifacts(
     out.mkdir(parents=True, exist_ok=True)
     files = render_artifacts(cfg, layout, job_name=job_name, program=program,
                              megatron_lm=megatron_lm, train_iters=train_iters, trial=trial)
+    if not cfg.cluster.cpu_processes:  # the manifests ask for GPUs
+        files.update(manifests(cfg, layout, _render_options(
+            cfg, layout, program=program, megatron_lm=megatron_lm, trial=trial)))
     predicted = estimate if estimate is not None else estimate_layout(cfg, layout)
     layout_doc = {**layout.to_dict(), "text": layout.text, "id": layout.id}
     files["layout.json"] = json.dumps(layout_doc, indent=2) + "\n"
@@ -263,7 +273,8 @@ def write_artifacts(
         "predicted": _plain(predicted),
         "measured": _plain(measured),
         "artifacts": sorted([*files, "manifest.json", "README.md"]),
-        "launch": dict(framework_of(cfg).launch()),
+        "launch": {**framework_of(cfg).launch(),
+                   **{name: how for name, how in LAUNCH.items() if name in files}},
         "notes": framework_of(cfg).notes(cfg, layout),
     }
     bundle = framework_of(cfg)
@@ -277,7 +288,7 @@ def write_artifacts(
     files["README.md"] = render_template(
         "common/README.md.j2", **header(cfg, layout), framework=cfg.train.framework,
         layout_id=layout.id, trial=trial, recipe=recipe, notices=position_warnings(cfg),
-        launch=dict(bundle.launch()), obligations=bundle.notes(cfg, layout),
+        launch=manifest["launch"], obligations=bundle.notes(cfg, layout),
         rows=recipe.rows(),
         checkpoint_format=bundle.checkpoint_format(layout), carry_over=carry,
         from_text=from_layout.text if from_layout is not None else "")

@@ -196,6 +196,12 @@ class Framework(abc.ABC):
         """What a user must know to run this layout (for the manifest)."""
         return []
 
+    def node_command(self, options: RenderOptions) -> str:
+        """The bash command that starts one node's processes, as sbatch.sh's srun task does,
+        from NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, GPUS_PER_NODE and ARTIFACTS_DIR (the
+        Kubernetes and SkyPilot manifests set them)."""
+        raise NotImplementedError(f"{self.name} renders no launcher manifests")
+
     def checkpoint_format(self, layout: Layout) -> str:
         """The format the layout's training saves its checkpoints in."""
         return "native"

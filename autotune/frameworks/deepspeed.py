@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from collections.abc import Mapping
 from typing import Any
 from typing import ClassVar
@@ -260,6 +261,23 @@ class DeepSpeed(Framework):
                                    "[script args]",
             "sbatch.sh": "cd <this folder> && TRAIN_SCRIPT=<your script> sbatch sbatch.sh",
         }
+
+    def node_command(self, options: RenderOptions) -> str:
+        """torchrun of the training program with ds_config.json, node 0 as master (the
+        processes, config and layout flags of sbatch.sh's torchrun); TRAIN_SCRIPT names the
+        program."""
+        program = options.program or TrainProgram()
+        parts = ['exec torchrun --nproc_per_node "$GPUS_PER_NODE" --nnodes "$NNODES"',
+                 '--node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR"',
+                 '--master_port "$MASTER_PORT"']
+        if program.module:
+            parts.append("--module")
+        parts.append('"$TRAIN_SCRIPT"')  # the manifests set it (default: the program's script)
+        parts += [shlex.quote(arg) for arg in program.args]
+        parts.append(f'{shlex.quote(program.config_flag)} "$ARTIFACTS_DIR/ds_config.json"')
+        if program.layout_flag is not None:
+            parts.append(f'{shlex.quote(program.layout_flag)} "$ARTIFACTS_DIR/layout.json"')
+        return " ".join(parts)
 
     def checkpoint_format(self, layout: Layout) -> str:
         """engine.save_checkpoint's ZeRO checkpoint, partitioned by this layout's ranks."""

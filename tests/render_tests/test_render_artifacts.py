@@ -81,7 +81,8 @@ def test_write_artifacts(framework: str, tmp_path: Path) -> None:
     measured = {"status": "ok", "step_time_s": 1.5, "tokens_per_s": 2.0e6}
     paths = write_artifacts(cfg, layout, tmp_path / "run", measured=measured,
                             extra_manifest={"study": "s1"})
-    expected = {"sbatch.sh", "layout.json", "manifest.json", "README.md"} | (
+    expected = {"sbatch.sh", "layout.json", "manifest.json", "README.md", "pytorchjob.yaml",
+                "skypilot.yaml"} | (
         {"pretrain_gpt.sh"} if framework == "megatron"
         else {"ds_config.json", "launch_deepspeed.sh", "hostfile"})
     assert set(paths) == expected
@@ -112,7 +113,8 @@ def test_write_artifacts(framework: str, tmp_path: Path) -> None:
     assert manifest["measured"] == measured
     assert manifest["study"] == "s1"
     assert set(manifest["artifacts"]) == expected
-    scripts = {name for name in expected if name.endswith(".sh") or name == "ds_config.json"}
+    scripts = {name for name in expected
+               if name.endswith((".sh", ".yaml")) or name == "ds_config.json"}
     assert scripts <= set(manifest["launch"])
 
 

@@ -171,7 +171,7 @@ MIRROR: dict[str, tuple[str, ...]] = {
     "frameworks_tests": ("frameworks",),
     "inputs_tests": ("specs.inputs", "resources"),
     "layout_tests": ("layout",),
-    "render_tests": ("render", "templating", "frameworks.megatron.args"),
+    "render_tests": ("render", "templating", "launchers", "frameworks.megatron.args"),
     "repo_tests": (),
     "report_tests": ("report",),
     "runners_tests": ("runners", "measurement", "workloads.records", "trial",

@@ -227,6 +227,10 @@ class Megatron(Framework):
             "sbatch.sh": "cd <this folder> && MEGATRON_LM=<checkout> sbatch sbatch.sh",
         }
 
+    def node_command(self, options: RenderOptions) -> str:
+        """pretrain_gpt.sh, which reads the rendezvous variables itself."""
+        return 'exec bash "$ARTIFACTS_DIR/pretrain_gpt.sh"'
+
     def checkpoint_format(self, layout: Layout) -> str:
         """`--ckpt-format`: fsdp_dtensor under Megatron-FSDP (arguments.py requires it), else
         Megatron-LM's default torch_dist (distributed checkpointing)."""
