@@ -17,8 +17,9 @@ from autotune.specs.inputs import load_config
 
 _LAZY = {  # heavy imports (Optuna, Jinja) load on first use
     "Runner": "autotune.runners.base",
-    "TuneOptions": "autotune.search.study",
-    "tune": "autotune.search.study",
+    "TuneSettings": "autotune.search.settings",
+    "tune": "autotune.run",
+    "RunConfig": "autotune.run",
     "write_artifacts": "autotune.render",
 }
 
@@ -42,7 +43,7 @@ __all__ = [
     "Runner",
     "SearchSpace",
     "TrainSpec",
-    "TuneOptions",
+    "TuneSettings",
     "enumerate_layouts",
     "estimate",
     "load_config",

@@ -94,6 +94,16 @@ class Layout:
         return self.ep > 1 or self.etp > 1
 
     @property
+    def expert_grid(self) -> int:
+        """GPUs of one expert replica: etp·ep·pp (the world must be a multiple)."""
+        return self.etp * self.ep * self.pp
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """edp = world/(etp·ep·pp): ranks that hold the same experts."""
+        return self.world_size // self.expert_grid
+
+    @property
     def global_batch_size(self) -> int:
         """Sequences per optimizer step."""
         return self.mbs * self.dp * self.gas
@@ -332,6 +342,13 @@ class LayoutTable:
     def expert_grid(self) -> IntArray:
         """GPUs of one expert replica: etp·ep·pp (the world must be a multiple)."""
         return self.etp * self.ep * self.pp
+
+    @property
+    def expert_data_parallel(self) -> np.ndarray:
+        """edp = world/(etp·ep·pp): ranks that hold the same experts (ZeRO shards their
+        states over them)."""
+        edp: np.ndarray = self.tp * self.cp * self.dp / (self.etp * self.ep)
+        return edp
 
     @classmethod
     def from_layouts(cls, layouts: Iterable[Layout]) -> LayoutTable:

@@ -5,11 +5,45 @@ measurement is one (a core value beside `Layout`: runners, trial programs and th
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from typing import Any
 
-STATUSES = ("ok", "oom", "nccl_timeout", "hang", "timeout", "nan", "rejected", "crash", "pruned")
-"""Every outcome a trial can have: ok, or the class of its failure."""
+
+class Status(enum.StrEnum):
+    """Every outcome of a trial: ok, the class of its failure, or a trial that never ran.
+
+    Members compare equal to their names as strings, as trial records store them."""
+
+    OK = "ok"
+    OOM = "oom"
+    NCCL_TIMEOUT = "nccl_timeout"
+    HANG = "hang"
+    TIMEOUT = "timeout"
+    NAN = "nan"
+    REJECTED = "rejected"
+    """The framework refused the layout before training (its own argument checks)."""
+    CRASH = "crash"
+    PRUNED = "pruned"
+    """Stopped early: its throughput trailed the best beyond the noise."""
+    INFEASIBLE = "infeasible"
+    """Never ran: a named rule removes the layout (a queued or resumed trial)."""
+    DUPLICATE = "duplicate"
+    """Never ran: the layout ran already in this study."""
+
+    @property
+    def ran(self) -> bool:
+        """True when a runner measured the trial (whatever the outcome)."""
+        return self not in (Status.INFEASIBLE, Status.DUPLICATE)
+
+    @property
+    def failed(self) -> bool:
+        """True for a failure of the trial itself (not ok, pruned, or never run)."""
+        return self.ran and self not in (Status.OK, Status.PRUNED)
+
+
+STATUSES = tuple(s.value for s in Status if s.ran)
+"""The outcomes a runner may report: ok, or the class of its failure."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,6 @@ from pydantic import BaseModel
 from pydantic import BeforeValidator
 from pydantic import ConfigDict
 from pydantic import Field
-from pydantic import StrictBool
 
 from autotune.costmodel.constants import constants_for
 from autotune.exceptions import AutotuneError
@@ -41,18 +40,15 @@ from autotune.frameworks import framework_of
 from autotune.frameworks import get_framework
 from autotune.layout import Layout
 from autotune.runners.factory import RunnerSettings
+from autotune.search.settings import TuneSettings
 from autotune.space.rules import MEMORY_RULE_NAMES
 from autotune.space.rules import violations
 from autotune.specs import AutotuneConfig
-from autotune.specs import BatchSize
 from autotune.specs import DevicesPerNode
-from autotune.specs import Framework
 from autotune.specs import Integer
-from autotune.specs import Precision
-from autotune.specs import Seed
-from autotune.specs import SeqLength
 from autotune.specs import at_most
 from autotune.specs.inputs import load_config
+from autotune.specs.train import TrainOverrides
 
 if TYPE_CHECKING:  # heavy modules (Optuna, matplotlib) load when a run starts
     from autotune.calibration.refit import RefitReport
@@ -87,61 +83,21 @@ class Problem(BaseModel):
     """A model preset, a YAML file in Megatron's names, or a Hugging Face config.json."""
     cluster: str
     """`NAME:NODES` of a cluster preset, a cluster YAML file, or `local`."""
-    framework: Framework | None = None
-    """megatron or deepspeed; None: megatron (deepspeed for local CPU trials, see RunConfig)."""
-    seq_length: SeqLength | None = None
-    """Tokens per sequence; None: the model preset's."""
-    global_batch_size: BatchSize | None = None
-    """Sequences per optimizer step; None: the model preset's (else 512)."""
-    precision: Precision | None = None
-    """Matmul precision; None: the preset's (fp32 on CPU processes)."""
     processes: DevicesPerNode | None = None
     """Worker processes of `local` (default: its GPUs, or 2 CPU processes)."""
     space: str | None = None
     """A search space YAML file or bundled name; None: the framework's."""
-    moe_token_dispatcher: Literal["alltoall", "flex"] | None = None
-    """MoE token dispatcher with ep > 1 (`TrainSpec.moe_token_dispatcher`); None: alltoall."""
-    moe_a2a_overlap: StrictBool | None = None
-    """Megatron's EP all-to-all overlap (`TrainSpec.moe_a2a_overlap`); None: off."""
+    train: TrainOverrides = TrainOverrides()
+    """Training settings that differ from the model preset's (any `TrainSpec` field)."""
+
+    def overrides(self) -> dict[str, Any]:
+        """The training settings this problem sets (the rest keep the preset's)."""
+        return dict(self.train.model_dump(exclude_none=True))
 
     def load(self, default_framework: str = "megatron") -> AutotuneConfig:
         """The model, cluster and training setup (presets and files read, overrides applied)."""
-        return load_config(
-            self.model,
-            self.cluster,
-            seq_length=self.seq_length,
-            global_batch_size=self.global_batch_size,
-            precision=self.precision,
-            framework=self.framework or default_framework,
-            processes=self.processes,
-            moe_token_dispatcher=self.moe_token_dispatcher,
-            moe_a2a_overlap=self.moe_a2a_overlap,
-        )
-
-
-class TuneSettings(BaseModel):
-    """How the Optuna study runs."""
-
-    model_config = _CONFIG
-
-    trials: Annotated[
-        Integer, Field(ge=1), at_most(100_000, "more than any layout space holds")
-    ] = 20
-    """Trials to run (rule rejections and repeats are free)."""
-    storage: str | None = None
-    """Optuna storage URL; None: sqlite:///OUT/study.db."""
-    study: str | None = None
-    """Study name; None: model-cluster-framework."""
-    resume: StrictBool = False
-    """Continue an existing study."""
-    seed: Seed = 0
-    """Sampler seed."""
-    jobs: Annotated[Integer, Field(ge=1), at_most(1024, "one thread per trial in flight")] = 1
-    """Trials in flight at once."""
-    top_k: Annotated[Integer, Field(ge=0), at_most(1000, "a report lists them all")] = 5
-    """Runners-up rendered and reported besides the best."""
-    repeat: Annotated[Integer, Field(ge=1), at_most(100, "noise averages out long before")] = 1
-    """Runs of each layout (averaged against measurement noise)."""
+        train = {"framework": default_framework, **self.overrides()}
+        return load_config(self.model, self.cluster, processes=self.processes, **train)
 
 
 class ScaleSettings(BaseModel):
@@ -179,8 +135,9 @@ class RunConfig(BaseModel):
         """The framework: as given, else for local CPU trials without a framework checkout the
         first framework whose trial programs train on CPU (DeepSpeed: megatron-core needs
         CUDA), else the first framework (Megatron)."""
-        if self.problem.framework:
-            return self.problem.framework
+        given: str | None = self.problem.overrides().get("framework")
+        if given:
+            return given
         cpu_trials = (
             self.runner.name == "local"
             and self.problem.cluster == "local"
@@ -321,7 +278,6 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
     from autotune.report import write_run_json
     from autotune.scaling import sweep
     from autotune.search.storage import default_storage_url
-    from autotune.search.study import TuneOptions
     from autotune.search.study import default_study_name
     from autotune.search.study import tune as run_study
     from autotune.space.search_space import load_space
@@ -339,16 +295,11 @@ def tune(config: RunConfig, on_trial: Callable[[Any, Any], None] | None = None) 
         storage=settings.storage or default_storage_url(out),
         runner=config.runner.name,
         runner_options=config.runner.recorded(),
-        options={"trials": settings.trials, "seed": settings.seed, "jobs": settings.jobs,
-                 "top_k": settings.top_k},
+        options=settings.model_dump(mode="json"),
         command=config.command,
+        config=config.model_dump(mode="json", exclude={"command"}),
     )
-    options = TuneOptions(
-        out_dir=out, trials=settings.trials, storage=settings.storage, study_name=settings.study,
-        resume=settings.resume, seed=settings.seed, jobs=settings.jobs, top_k=settings.top_k,
-        repeat=settings.repeat,
-    )
-    result = run_study(cfg, space, runner, options, on_trial=on_trial)
+    result = run_study(cfg, space, runner, settings, out, on_trial=on_trial)
     scaled = None
     if config.scale is not None and result.ranked:
         best = Layout(**result.ranked[0]["layout_fields"])

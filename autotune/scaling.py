@@ -28,6 +28,7 @@ import csv
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from typing import Literal
@@ -39,6 +40,7 @@ from autotune.layout import Layout
 from autotune.runners.base import Runner
 from autotune.specs import AutotuneConfig
 from autotune.trial import TrialPipeline
+from autotune.units import GIB
 
 Mode = Literal["weak", "strong"]
 MODES = ("weak", "strong")
@@ -99,11 +101,9 @@ def flag_for(efficiency: float, cause: str = "") -> str:
     return f"{cause}-{kind}" if cause else kind
 
 
-def cause_losses(growth: dict[str, float], total: float) -> dict[str, float]:
-    """Efficiency (0-1) each cause costs: its parts' growth per GPU and token over the total."""
-    if total <= 0:
-        return {cause: 0.0 for cause in CAUSES}
-    return {cause: sum(growth[name] for name in parts) / total
+def cause_losses(losses: dict[str, float]) -> dict[str, float]:
+    """Efficiency (0-1) each cause costs: the sum of its parts' losses (`efficiency_losses`)."""
+    return {cause: sum(losses.get(name, 0.0) for name in parts)
             for cause, parts in CAUSES.items()}
 
 
@@ -193,7 +193,7 @@ class ScalingResult:
         for p in self.points:
             data = p.to_dict()
             peak = data.pop("peak_memory_bytes")
-            data["peak_memory_gib"] = peak / 2**30 if peak else None
+            data["peak_memory_gib"] = peak / GIB if peak else None
             data.update({f"lost_{cause}": p.lost.get(cause) for cause in CAUSES})
             rows.append({key: data.get(key) for key in CSV_COLUMNS})
         return rows
@@ -287,9 +287,27 @@ def _shape(
 # --- the sweep --------------------------------------------------------------------------------
 
 
-def _per_gpu_token(parts: dict[str, float], gpus: int, tokens: int) -> dict[str, float]:
-    """Step-time parts as GPU·seconds per token (flat across sizes when scaling is perfect)."""
-    return {name: parts.get(name, 0.0) * gpus / tokens for name in TIME_PARTS}
+def efficiency_losses(
+    base: Mapping[str, float], base_gpus: int, base_tokens: float,
+    parts: Mapping[str, float], gpus: int, tokens: float,
+) -> tuple[float | None, dict[str, float]]:
+    """Predicted efficiency at `gpus` against the base and what each part's growth costs.
+
+    Args:
+        base, parts: step-time parts (seconds, any names) at the base size and at `gpus`.
+        base_gpus, gpus: the GPU counts; base_tokens, tokens: the tokens per step at each.
+
+    Returns:
+        Σ p(base) / Σ p(N) (None when the parts are all zero) and, by name,
+        (p(N) − p(base)) / Σ p(N), with p the parts in GPU·seconds per token.
+    """
+    names = list(dict.fromkeys([*base, *parts]))
+    norm_base = {n: base.get(n, 0.0) * base_gpus / base_tokens for n in names}
+    norm = {n: parts.get(n, 0.0) * gpus / tokens for n in names}
+    total = sum(norm.values())
+    if total <= 0:
+        return None, {n: 0.0 for n in names}
+    return sum(norm_base.values()) / total, {n: (norm[n] - norm_base[n]) / total for n in names}
 
 
 def _diagnose(points: list[ScalingPoint]) -> list[ScalingPoint]:
@@ -298,30 +316,29 @@ def _diagnose(points: list[ScalingPoint]) -> list[ScalingPoint]:
     if base is None:
         return points
     base_rate = base.tokens_per_s / base.gpus  # type: ignore[operator]
-    base_norm = _per_gpu_token(
-        base.predicted_time_parts, base.gpus, base.global_batch_size
-    )
+    base_parts = {name: base.predicted_time_parts.get(name, 0.0) for name in TIME_PARTS}
     out = []
     for p in points:
         if not p.ok:
             out.append(p)
             continue
         efficiency = p.tokens_per_s / p.gpus / base_rate  # type: ignore[operator]
-        norm = _per_gpu_token(p.predicted_time_parts, p.gpus, p.global_batch_size)
-        total = sum(norm.values())
-        growth = {name: norm[name] - base_norm[name] for name in TIME_PARTS}
-        grew = max(growth, key=lambda name: growth[name])
-        changed = p.gpus != base.gpus and total > 0 and growth[grew] / total >= 1e-3
-        lost = cause_losses(growth, total) if p.gpus != base.gpus else {}
+        predicted, losses = efficiency_losses(
+            base_parts, base.gpus, base.global_batch_size,
+            {name: p.predicted_time_parts.get(name, 0.0) for name in TIME_PARTS},
+            p.gpus, p.global_batch_size)
+        grew = max(losses, key=lambda name: losses[name])
+        changed = p.gpus != base.gpus and predicted is not None and losses[grew] >= 1e-3
+        lost = cause_losses(losses) if p.gpus != base.gpus and predicted is not None else {}
         cause = max(lost, key=lambda name: lost[name]) if lost else ""
         cause = cause if cause and lost[cause] >= 1e-3 else ""
         out.append(dataclasses.replace(
             p,
             efficiency=efficiency,
-            predicted_efficiency=sum(base_norm.values()) / total if total else None,
+            predicted_efficiency=predicted,
             flag=flag_for(efficiency, cause),
             grew=grew if changed else "",
-            grew_loss=growth[grew] / total if changed and total else None,
+            grew_loss=losses[grew] if changed else None,
             lost=lost,
             cause=cause,
         ))

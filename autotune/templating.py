@@ -1,19 +1,23 @@
-"""The Jinja environment of the rendered artifacts, and the values every template shows.
+"""The one Jinja setup (rendered artifacts and reports), and the values every template shows.
 
-Templates live in `templates/` (`autotune.resources`). Every string that reaches a shell goes
-through the `shquote` filter (`shlex.quote`), numbers through `int`, comment text through
-`comment` (one line), so a model path with spaces or `$(...)` stays inert; `#SBATCH` values are
-checked by `sbatch_directives`.
+Templates live in `templates/` (`autotune.resources`); nothing else reads that folder. Two
+kinds of environment share it: `artifacts` (launch scripts, JSON: no escaping; every string that
+reaches a shell goes through the `shquote` filter (`shlex.quote`), numbers through `int`, comment
+text through `comment` (one line), so a model path with spaces or `$(...)` stays inert;
+`#SBATCH` values are checked by `sbatch_directives`) and `report` (`templates/report/`, HTML
+autoescaped, with the Markdown filters `autotune.report` registers).
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
+from typing import Literal
 
 import jinja2
 
@@ -34,22 +38,41 @@ def _comment(value: object) -> str:
     return re.sub(r"[\x00-\x1f\x7f]", " ", str(value))
 
 
+Kind = Literal["artifacts", "report"]
+_FILTERS: dict[str, dict[str, Callable[..., Any]]] = {
+    "artifacts": {"shquote": lambda value: shlex.quote(str(value)), "comment": _comment},
+    "report": {},
+}
+
+
+def register_filters(kind: Kind, **filters: Callable[..., Any]) -> None:
+    """Add filters to an environment kind (before its first render)."""
+    _FILTERS[kind].update(filters)
+
+
 @cache
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(resource_dir("templates")),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
-    env.filters["shquote"] = lambda value: shlex.quote(str(value))
-    env.filters["comment"] = _comment
+def environment(kind: Kind = "artifacts") -> jinja2.Environment:
+    """The Jinja environment of `kind` (StrictUndefined: an undefined value is an error)."""
+    if kind == "report":
+        env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(resource_dir("templates") / "report"),
+            undefined=jinja2.StrictUndefined,
+            autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",),
+                                                default_for_string=False),
+            keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+        )
+    else:
+        env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(resource_dir("templates")),
+            undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
+        )
+    env.filters.update(_FILTERS[kind])
     return env
 
 
-def render_template(template: str, **context: Any) -> str:
-    """Render `templates/<template>` (strict: an undefined value is an error)."""
-    return _environment().get_template(template).render(**context)
+def render_template(template: str, *, kind: Kind = "artifacts", **context: Any) -> str:
+    """Render `template` of the `kind` environment (`templates/` or `templates/report/`)."""
+    return environment(kind).get_template(template).render(**context)
 
 
 def version() -> str:

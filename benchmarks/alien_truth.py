@@ -45,8 +45,8 @@ from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.specs import AutotuneConfig
+from autotune.units import GIB
 
-GIB = 1024**3
 NOISE = 0.015
 """σ of the multiplicative (log-normal) noise on every measured step time."""
 

@@ -60,7 +60,6 @@ from autotune.costmodel.constants import Constants  # noqa: E402
 from autotune.costmodel.constants import constants_for  # noqa: E402
 from autotune.costmodel.estimate import Estimate  # noqa: E402
 from autotune.costmodel.estimate import estimate  # noqa: E402
-from autotune.costmodel.memory import GIB  # noqa: E402
 from autotune.costmodel.memory import usable_gpu_bytes  # noqa: E402
 from autotune.layout import RECOMPUTES  # noqa: E402
 from autotune.layout import Layout  # noqa: E402
@@ -70,6 +69,7 @@ from autotune.specs import Framework  # noqa: E402
 from autotune.specs import TrainSpec  # noqa: E402
 from autotune.specs.inputs import load_cluster  # noqa: E402
 from autotune.specs.inputs import load_model  # noqa: E402
+from autotune.units import GIB  # noqa: E402
 
 SEQ = 4096
 """Tokens per sequence of every point."""

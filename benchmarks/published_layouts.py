@@ -53,7 +53,6 @@ from autotune.calibration.published import problem
 from autotune.calibration.published import published_runs
 from autotune.calibration.published import read_rows
 from autotune.costmodel.constants import constants_for
-from autotune.costmodel.memory import GIB
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.frameworks.megatron.args import a2a_overlap
 from autotune.layout import RECOMPUTES
@@ -61,6 +60,7 @@ from autotune.layout import Layout
 from autotune.space.rules import violations
 from autotune.space.search_space import SearchSpace
 from autotune.space.search_space import narrowed
+from autotune.units import GIB
 
 
 def widened_space(run: PublishedRun) -> SearchSpace:

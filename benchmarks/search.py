@@ -64,7 +64,7 @@ from autotune.measurement import Measurement  # noqa: E402
 from autotune.runners.base import Runner  # noqa: E402
 from autotune.runners.simulate import SimulateRunner  # noqa: E402
 from autotune.runners.simulate import layout_jitter  # noqa: E402
-from autotune.search.study import TuneOptions  # noqa: E402
+from autotune.search.settings import TuneSettings  # noqa: E402
 from autotune.search.study import tune  # noqa: E402
 from autotune.space.rules import rules_for  # noqa: E402
 from autotune.space.search_space import candidates  # noqa: E402
@@ -184,10 +184,8 @@ def _trial(truth, layout: Layout, key: str, repetition: int, answer: bool = True
 def run_autotune(cfg, space, truth, budget: int, seed: int) -> tuple[list[Trial], int]:
     """autotune's study; returns the ran trials and how many rule-rejected trials it made."""
     with tempfile.TemporaryDirectory() as folder:
-        options = TuneOptions(
-            out_dir=Path(folder), trials=budget, storage="memory", seed=seed, render=False
-        )
-        result = tune(cfg, space, tune_runner(truth), options)
+        options = TuneSettings(trials=budget, storage="memory", seed=seed, render=False)
+        result = tune(cfg, space, tune_runner(truth), options, Path(folder))
     records = sorted(result.records, key=lambda r: r["number"])
     rejected = sum(1 for r in records if r.get("status") == "infeasible")
     trials = []

@@ -3,7 +3,8 @@
 A `Measured` point is a problem, one or more candidate layouts (several when the source leaves a
 dimension unstated: the fastest by the model stands for the run) and the measured step time.
 `fit_constants` runs a bounded least squares on log(predicted / measured) over a few named
-constants, so one GPU type gets a handful of physical numbers, never one per row.
+constants, so one GPU type gets a handful of physical numbers, never one per row; it is the one
+fit the published-runs calibration, the search's proposer and the refit report share.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 from collections.abc import Iterator
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -31,7 +33,15 @@ TRIAL_REFIT = ("gemm_efficiency", "gemm_half_size", "elementwise_passes", "comm_
 """Constants refitted to a study's own measured trials (GEMM speed and its size dependence,
 memory-bound passes, collective bandwidth): each has fit bounds (`FIT_BOUNDS`)."""
 ROBUST_SCALE = 0.1
-"""Log-error scale beyond which the fit's loss grows linearly (soft-L1)."""
+"""Log-error scale of the robust (Cauchy) loss: a point off by more than about 10 % pulls the
+fit less and less (`fit_constants`)."""
+Loss = Literal["cauchy", "linear"]
+PRIOR_LOG_SD = 0.25
+"""Prior σ of a constant refitted to a study's trials, in log space (a fit with few trials
+stays near the constants the study started from)."""
+STEP_SD = 0.03
+"""σ of the model's log step-time error on a study's own trials after the refit (weighs the
+trials against the prior)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,30 +79,102 @@ def errors(points: Sequence[Measured], k: Constants) -> np.ndarray:
     return np.array([p.step_time_s / predicted_step_s(p, k) - 1 for p in points])
 
 
+@dataclasses.dataclass(frozen=True)
+class _Group:
+    """The points of one problem as one table: rows `starts[i]`.. are point `members[i]`'s."""
+
+    cfg: AutotuneConfig
+    table: LayoutTable
+    members: list[int]
+    starts: np.ndarray
+
+
+def _groups(points: Sequence[Measured]) -> list[_Group]:
+    by_cfg: dict[int, list[int]] = {}
+    for i, point in enumerate(points):
+        by_cfg.setdefault(id(point.cfg), []).append(i)
+    return [_Group(points[m[0]].cfg,
+                   LayoutTable.from_layouts([lay for i in m for lay in points[i].layouts]), m,
+                   np.cumsum([0] + [len(points[i].layouts) for i in m[:-1]]))
+            for m in by_cfg.values()]
+
+
+def _step_s(groups: Sequence[_Group], k: Constants, n: int) -> np.ndarray:
+    """Each point's modelled step time (its fastest candidate)."""
+    out = np.empty(n)
+    for g in groups:
+        out[g.members] = np.minimum.reduceat(estimate_time(g.cfg, g.table, k)["total"], g.starts)
+    return out
+
+
 def fit_constants(
     points: Sequence[Measured],
     base: Constants,
     names: Sequence[str] = ("gemm_efficiency", "comm_efficiency"),
+    *,
+    prior_sd: float | None = None,
+    step_sd: float = 1.0,
+    loss: Loss = "cauchy",
 ) -> Constants:
-    """Robust least-squares fit of `names` on the log error of step time, from `base`.
+    """The constants `names` that best explain the measured step times, starting from `base`.
 
-    The loss is soft-L1 with a 10 % scale (`ROBUST_SCALE`): a point off by more than that counts
-    linearly, not quadratically, so a few runs the model cannot express do not drag every
-    constant to a bound.
+    The one fit of the project: published runs (`benchmarks/accuracy.py`), the search's proposer
+    (after every trial) and the refit report all call it. It is a bounded least squares over the
+    logarithms of the constants (each stays positive, within `FIT_BOUNDS`, floored at 0.05) of
+    the residuals log(predicted / measured step time) / `step_sd`, plus, with `prior_sd`, one
+    residual (log k − log k_base) / `prior_sd` per constant: a log-normal prior around `base`
+    (maximum a posteriori). `loss` is scipy's: "cauchy" (the default, scale `ROBUST_SCALE`)
+    bounds the pull of a point the model cannot express, so a few odd runs do not drag every
+    constant to a bound; "linear" is plain least squares (Gaussian errors).
+
+    Args:
+        points: Measured runs with their candidate layouts (the fastest candidate stands).
+        base: The starting constants; every other constant is kept.
+        names: The constants to fit (each must have fit bounds).
+        prior_sd: Standard deviation of the log-normal prior around `base`, or None for none.
+        step_sd: Standard deviation of the log step-time error (scales the data residuals).
+        loss: "cauchy" or "linear".
+
+    Returns:
+        `base` with `names` replaced by the fitted values (`base` itself without points).
     """
     if not points:
         return base
-    low = np.array([FIT_BOUNDS[n][0] for n in names])
-    high = np.array([FIT_BOUNDS[n][1] for n in names])
-    start = np.clip(np.array([getattr(base, n) for n in names], dtype=float), low, high)
+    low = np.log([max(FIT_BOUNDS[n][0], 0.05) for n in names])
+    high = np.log([FIT_BOUNDS[n][1] for n in names])
+    start = np.clip(np.log([getattr(base, n) for n in names]), low, high)
+    measured = np.array([p.step_time_s for p in points], dtype=float)
+    groups = _groups(points)
+
+    def constants(x: np.ndarray) -> Constants:
+        return base.model_copy(update=dict(zip(names, map(float, np.exp(x)), strict=True)))
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        k = base.model_copy(update=dict(zip(names, map(float, x), strict=True)))
-        return np.array([np.log(predicted_step_s(p, k) / p.step_time_s) for p in points])
+        data: np.ndarray = np.log(_step_s(groups, constants(x), len(points)) / measured)
+        data /= step_sd
+        if prior_sd is None:
+            return data
+        return np.concatenate([data, (x - start) / prior_sd])
 
-    result = least_squares(residuals, start, bounds=(low, high), x_scale="jac",
-                           loss="cauchy", f_scale=ROBUST_SCALE)
-    return base.model_copy(update=dict(zip(names, map(float, result.x), strict=True)))
+    result = least_squares(residuals, start, bounds=(low, high), x_scale="jac", loss=loss,
+                           f_scale=ROBUST_SCALE / step_sd if loss != "linear" else 1.0)
+    return constants(result.x)
+
+
+def fit_trials(
+    cfg: AutotuneConfig,
+    layouts: Sequence[Layout],
+    step_time_s: Sequence[float],
+    base: Constants,
+    names: Sequence[str] = TRIAL_REFIT,
+) -> Constants:
+    """`fit_constants` as a study applies it to its own measured trials: `names` under the
+    log-normal prior `PRIOR_LOG_SD` around `base`, Gaussian errors of σ `STEP_SD`. The search's
+    proposer ranks with it after each trial, and the refit report shows the same fit."""
+    points = [Measured(f"trial {i}", cfg, (layout,), float(step), cfg.cluster.gpu.name)
+              for i, (layout, step) in enumerate(zip(layouts, step_time_s, strict=True))]
+    return fit_constants(points, base, names, prior_sd=PRIOR_LOG_SD, step_sd=STEP_SD,
+                         loss="linear")
 
 
 def at_bounds(k: Constants, names: Sequence[str]) -> list[tuple[str, str, float]]:

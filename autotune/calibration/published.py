@@ -31,7 +31,7 @@ from autotune.frameworks.base import RuleGroup
 from autotune.layout import RECOMPUTES
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
-from autotune.space.rules import MEMORY_RULE_NAMES
+from autotune.space.rules import first_broken
 from autotune.space.rules import rules_for
 from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
@@ -323,18 +323,6 @@ def candidates(row: dict[str, str], cfg: AutotuneConfig) -> tuple[list[Layout], 
     return layouts, notes
 
 
-def structural_violation(cfg: AutotuneConfig, table: LayoutTable, k: Constants) -> np.ndarray:
-    """Index of the first structural (non-memory) rule each layout breaks, −1 where none."""
-    first = np.full(len(table), -1)
-    for index, rule in enumerate(rules_for(cfg.train.framework)):
-        if rule.name in MEMORY_RULE_NAMES:
-            continue
-        with np.errstate(divide="ignore", invalid="ignore"):
-            broken = rule.check(cfg, table, k) & (first < 0)
-        first[broken] = index
-    return first
-
-
 def _skip_reason(row: dict[str, str]) -> str | None:
     if row["gpu_type"] not in GPU_CLUSTERS:
         return f"no cluster preset for GPU {row['gpu_type']}"
@@ -358,7 +346,7 @@ def published_run(row: dict[str, str]) -> PublishedRun:
     layouts, notes = candidates(row, cfg)
     k = constants_for(cfg.cluster.gpu)
     table = LayoutTable.from_layouts(layouts)
-    first = structural_violation(cfg, table, k)
+    first = first_broken(cfg, table, k, memory=False)
     legal = [lay for lay, broken in zip(layouts, first, strict=True) if broken < 0]
     if not legal:
         rule = rules_for(cfg.train.framework)[int(first.min())].name

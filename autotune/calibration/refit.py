@@ -24,7 +24,7 @@ import numpy as np
 
 from autotune.calibration.fit import TRIAL_REFIT
 from autotune.calibration.fit import Measured
-from autotune.calibration.fit import fit_constants
+from autotune.calibration.fit import fit_trials
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.estimate import evaluate
@@ -35,8 +35,7 @@ from autotune.space.search_space import SearchSpace
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.specs import AutotuneConfig
-
-GIB = 1024**3
+from autotune.units import GIB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +278,8 @@ def refit_study(
         for r, lay in zip(measured, layouts, strict=True)
         if lay is not None
     ]
-    after = fit_constants(points, base, tuple(names)) if len(points) >= 2 else base
+    after = (fit_trials(cfg, [p.layouts[0] for p in points], [p.step_time_s for p in points],
+                        base, tuple(names)) if len(points) >= 2 else base)
     trials: list[TrialFit] = []
     if points:
         ok_layouts = [p.layouts[0] for p in points]

@@ -8,11 +8,12 @@ the study. `--debug` shows tracebacks instead.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import shlex
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -34,19 +35,24 @@ from rich.progress import TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from autotune.cli.options import PROBLEM
+from autotune.cli.options import RUNNER
+from autotune.cli.options import SCALE
+from autotune.cli.options import SWEEP
+from autotune.cli.options import TRAIN
+from autotune.cli.options import TUNE
+from autotune.cli.options import Section
+from autotune.cli.options import flag_of
+from autotune.cli.options import with_options
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.estimate import estimate as estimate_layout
 from autotune.costmodel.estimate import row_estimate
-from autotune.costmodel.memory import GIB
 from autotune.exceptions import AutotuneError
 from autotune.run import Problem
 from autotune.run import RunConfig
-from autotune.run import ScaleSettings
-from autotune.run import TuneSettings
 from autotune.run import check_layout
 from autotune.run import prepare_out
 from autotune.run import resume_command
-from autotune.runners.factory import RunnerSettings
 from autotune.runners.factory import figure_label
 from autotune.scaling import THRESHOLDS
 from autotune.scaling import lost_text
@@ -54,9 +60,9 @@ from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.space.search_space import no_feasible_message
 from autotune.specs import AutotuneConfig
-from autotune.specs import TrainSpec
 from autotune.specs.inputs import validation_message
 from autotune.specs.inputs import validation_problems
+from autotune.units import GIB
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 """The exit codes (see the module docstring)."""
@@ -72,204 +78,43 @@ err_console = Console(stderr=True)
 _state: dict[str, Any] = {"debug": False, "resume": ""}
 """Set while a command runs: --debug, and the command that resumes an interrupted study."""
 
-# --- options ----------------------------------------------------------------------------------
+# --- options into configs ---------------------------------------------------------------------
 
-ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="Preset name, YAML file or HF config.json.")
-]
-ClusterOpt = Annotated[
-    str, typer.Option("--cluster", "-c", help="NAME:NODES preset, YAML file or 'local'.")
-]
-FrameworkOpt = Annotated[
-    str | None,
-    typer.Option(help="megatron or deepspeed (default: megatron; deepspeed for local CPU "
-                 "trials without --megatron-lm)."),
-]
-SpaceOpt = Annotated[
-    str | None, typer.Option("--space", help="Search space YAML or bundled name.")
-]
-SeqOpt = Annotated[
-    int | None, typer.Option("--seq", help="Sequence length (default: the preset's).")
-]
-GbsOpt = Annotated[int | None, typer.Option("--gbs", help="Global batch in sequences.")]
-PrecisionOpt = Annotated[str | None, typer.Option(help="bf16, fp16, fp8 or fp32.")]
-ProcsOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--processes", help="Worker processes for --cluster local (default: GPUs, or 2 on CPU)."
-    ),
-]
 LayoutOpt = Annotated[
     str,
     typer.Option("--layout", "-l", help="e.g. tp=8,pp=4,zero=1,mbs=1,recompute=selective"),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+PROBLEM_OPTIONS = (PROBLEM, TRAIN)
+"""The options of every command that takes a problem (the model, cluster and training)."""
+
+_Config = TypeVar("_Config", bound=BaseModel)
 
 
-def _help(text: str, model: type[BaseModel], field: str) -> str:
-    """Option help ending in the config's default (defaults live in the config only)."""
-    return f"{text} (default: {model.model_fields[field].default})"
-
-
-DispatcherOpt = Annotated[
-    str | None,
-    typer.Option("--moe-dispatcher",
-                 help=_help("MoE token dispatcher with ep > 1 (Megatron): alltoall or flex "
-                            "(DeepEP).", TrainSpec, "moe_token_dispatcher")),
-]
-A2AOverlapOpt = Annotated[
-    bool | None,
-    typer.Option("--moe-a2a-overlap/--no-moe-a2a-overlap",
-                 help=_help("Megatron's EP all-to-all overlap where the layout allows it.",
-                            TrainSpec, "moe_a2a_overlap")),
-]
-RunnerOpt = Annotated[
-    str | None,
-    typer.Option(help=_help("simulate, command, local or slurm.", RunnerSettings, "name")),
-]
-NoiseOpt = Annotated[
-    float | None,
-    typer.Option(help=_help("simulate: perturb the truth (σ, e.g. 0.1).", RunnerSettings,
-                            "noise")),
-]
-SeedOpt = Annotated[
-    int | None, typer.Option(help=_help("Sampler and --noise seed.", RunnerSettings, "seed"))
-]
-CommandOpt = Annotated[str | None, typer.Option(help="command runner: the command template.")]
-TimeoutOpt = Annotated[
-    float | None,
-    typer.Option(help=_help("Per-trial timeout, seconds.", RunnerSettings, "timeout_s")),
-]
-StepsOpt = Annotated[
-    int | None,
-    typer.Option(help=_help("local/slurm runners: steps per trial (warm-up included).",
-                            RunnerSettings, "steps")),
-]
-HangOpt = Annotated[
-    float | None,
-    typer.Option(help=_help("local runner: seconds without a new step before a hang.",
-                            RunnerSettings, "hang_timeout_s")),
-]
-LauncherOpt = Annotated[
-    str | None,
-    typer.Option(help=_help("local runner: torchrun or deepspeed.", RunnerSettings, "launcher")),
-]
-MegatronOpt = Annotated[
-    str | None, typer.Option(help="local runner: a Megatron-LM checkout to run trials with.")
-]
-PartitionOpt = Annotated[
-    str | None, typer.Option(help="slurm runner: partition of the trial jobs.")
-]
-AccountOpt = Annotated[
-    str | None, typer.Option(help="slurm runner: account charged for the trial jobs.")
-]
-TimeLimitOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--time-limit",
-        help="slurm runner: Slurm --time of each trial job, e.g. 00:30:00 (default: --timeout "
-        "plus 5 minutes).",
-    ),
-]
-SlurmOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--slurm-opt",
-        help="slurm runner: another sbatch option, KEY=VAL or KEY (repeatable), e.g. "
-        "--slurm-opt qos=high --slurm-opt exclusive.",
-    ),
-]
-
-RUNNER_OPTIONS = {
-    "runner": RunnerOpt, "seed": SeedOpt, "noise": NoiseOpt, "command": CommandOpt,
-    "timeout": TimeoutOpt, "steps": StepsOpt, "hang_timeout": HangOpt, "launcher": LauncherOpt,
-    "megatron_lm": MegatronOpt, "partition": PartitionOpt, "account": AccountOpt,
-    "time_limit": TimeLimitOpt, "slurm_opt": SlurmOpt,
-}
-"""The runner's options, one list for every command that runs trials (tune, scale)."""
-
-
-def _with_runner_options(command: Callable[..., None]) -> Callable[..., None]:
-    """Give a command (ending in `**runner_options`) the RUNNER_OPTIONS: typer reads them from
-    its signature and passes them in `runner_options`."""
-    signature = inspect.signature(command, eval_str=True)
-    kept = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
-    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                               annotation=annotation)
-             for name, annotation in RUNNER_OPTIONS.items()]
-    command.__signature__ = signature.replace(parameters=[*kept, *added])  # type: ignore[attr-defined]
-    return command
-
-
-# --- options into configs ---------------------------------------------------------------------
-
-_OPTIONS = {
-    "problem": {"model": "model", "cluster": "cluster", "framework": "framework",
-                "seq_length": "seq", "global_batch_size": "gbs", "precision": "precision",
-                "processes": "processes", "space": "space_ref",
-                "moe_token_dispatcher": "moe_dispatcher", "moe_a2a_overlap": "moe_a2a_overlap"},
-    "runner": {"name": "runner", "timeout_s": "timeout", "noise": "noise", "seed": "seed",
-               "command": "command", "steps": "steps", "hang_timeout_s": "hang_timeout",
-               "launcher": "launcher", "megatron_lm": "megatron_lm", "partition": "partition",
-               "account": "account", "time_limit": "time_limit", "slurm_opts": "slurm_opt"},
-    "tune": {field: field for field in ("trials", "storage", "study", "resume", "seed", "jobs",
-                                        "top_k", "repeat")},
-    "scale": {"layout": "layout", "gpus": "gpus", "mode": "mode"},
-}
-"""Config section → field → the command's parameter (whose option is --PARAMETER, with dashes)."""
-
-
-def _fields(section: str, options: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """The fields of a config section from a command's options (None: the default)."""
-    names = _OPTIONS[section]
-    return {field: options[prefix + param] for field, param in names.items()
-            if options.get(prefix + param) is not None}
-
-
-def _flag(loc: tuple[str | int, ...], root: str, scale_prefix: str) -> str:
-    """The option behind a config field, e.g. ('problem', 'seq_length') → --seq."""
-    path = [str(part) for part in loc if isinstance(part, str)]
-    if root:
-        path.insert(0, root)
-    if len(path) < 2 or path[0] not in _OPTIONS:
-        return "--" + (path[0] if path else "input").replace("_", "-")
-    param = _OPTIONS[path[0]].get(path[1], path[1])
-    if path[0] == "scale":
-        param = scale_prefix + param
-    return "--" + param.removesuffix("_ref").replace("_", "-")
-
-
-_Options = TypeVar("_Options", bound=BaseModel)
-
-
-def _parsed(cls: type[_Options], fields: dict[str, Any], root: str = "",
-            scale_prefix: str = "") -> _Options:
-    """`cls(**fields)`, its validation errors told as the options the user typed."""
+def _parsed(cls: type[_Config], data: dict[str, Any], sections: tuple[Section, ...],
+            root: tuple[str, ...] = ()) -> _Config:
+    """`cls(**data)`, its validation errors told as the options the user typed."""
     try:
-        return cls(**fields)
+        return cls(**data)
     except ValidationError as error:
-        problems = [
-            _flag(loc, root, scale_prefix) + (f" {value}" if value else "") + f": {message}"
-            for loc, value, message in validation_problems(error)
-        ]
+        problems = []
+        for loc, value, message in validation_problems(error):
+            flag = flag_of(sections, (*root, *loc)) or ".".join(map(str, (*root, *loc)))
+            problems.append(flag + (f" {value}" if value else "") + f": {message}")
         raise AutotuneError("; ".join(problems)) from None
 
 
-def _problem(options: dict[str, Any]) -> Problem:
-    """The Problem of a command's options."""
-    return _parsed(Problem, _fields("problem", options), root="problem")
+def _problem(config: dict[str, Any]) -> Problem:
+    """The Problem of a command's options (and --config file)."""
+    return _parsed(Problem, dict(config.get("problem") or {}), PROBLEM_OPTIONS, ("problem",))
 
 
-def _run_config(options: dict[str, Any], scale: dict[str, Any] | None, prefix: str) -> RunConfig:
-    """The RunConfig of tune's or scale's options (`prefix`: of the sweep's options)."""
-    options = {**options, **options.get("runner_options", {})}
-    return _parsed(
-        RunConfig,
-        {"problem": _fields("problem", options), "runner": _fields("runner", options),
-         "tune": _fields("tune", options), "scale": scale, "out": options["out"],
-         "command": _command_line()},
-        scale_prefix=prefix,
-    )
+def _run_config(config: dict[str, Any], sections: tuple[Section, ...], out: Path | None,
+                default_out: str) -> RunConfig:
+    """The RunConfig of tune's or scale's options: --out, else the file's, else `default_out`."""
+    data = {key: value for key, value in config.items() if key != "command"}
+    data["out"] = out if out is not None else data.get("out", default_out)
+    return _parsed(RunConfig, {**data, "command": _command_line()}, sections)
 
 
 def _command_line() -> str:
@@ -362,22 +207,15 @@ def _headline(cfg: AutotuneConfig) -> str:
 
 
 @app.command()
+@with_options(*PROBLEM_OPTIONS)
 def space(
-    model: ModelOpt,
-    cluster: ClusterOpt,
-    framework: FrameworkOpt = None,
-    space_ref: SpaceOpt = None,
-    seq: SeqOpt = None,
-    gbs: GbsOpt = None,
-    precision: PrecisionOpt = None,
     top: Annotated[int, typer.Option(help="How many layouts to list.")] = 10,
-    processes: ProcsOpt = None,
-    moe_dispatcher: DispatcherOpt = None,
-    moe_a2a_overlap: A2AOverlapOpt = None,
     as_json: JsonOpt = False,
+    *,
+    config: dict[str, Any],
 ) -> None:
     """Enumerate the legal layouts, rank them by predicted throughput, and count rule removals."""
-    problem = _problem(locals())
+    problem = _problem(config)
     if not 0 < top <= 10_000:
         raise AutotuneError(f"--top: {top} must be from 1 to 10,000")
     cfg = problem.load()
@@ -409,25 +247,19 @@ def _model_summary(cfg: AutotuneConfig) -> dict[str, Any]:
 
 
 @app.command()
+@with_options(*PROBLEM_OPTIONS)
 def estimate(
-    model: ModelOpt,
-    cluster: ClusterOpt,
     layout: LayoutOpt,
-    framework: FrameworkOpt = None,
-    seq: SeqOpt = None,
-    gbs: GbsOpt = None,
-    precision: PrecisionOpt = None,
-    processes: ProcsOpt = None,
-    moe_dispatcher: DispatcherOpt = None,
-    moe_a2a_overlap: A2AOverlapOpt = None,
     as_json: JsonOpt = False,
+    *,
+    config: dict[str, Any],
 ) -> None:
     """Predict memory and step time of one layout, with both breakdowns.
 
     A layout that breaks a structural rule is refused (exit 2); one that only runs out of
     memory is estimated and marked infeasible.
     """
-    cfg = _problem(locals()).load()
+    cfg = _problem(config).load()
     parsed, broken = check_layout(cfg, layout)
     result = estimate_layout(cfg, parsed)
     if as_json:
@@ -469,84 +301,45 @@ def estimate(
 
 
 @app.command()
-@_with_runner_options
+@with_options(*PROBLEM_OPTIONS, RUNNER, TUNE, SWEEP)
 def tune(
-    model: ModelOpt,
-    cluster: ClusterOpt,
-    framework: FrameworkOpt = None,
-    space_ref: SpaceOpt = None,
-    trials: Annotated[
-        int | None,
-        typer.Option(help=_help("Trials to run (rule rejections are free).", TuneSettings,
-                                "trials")),
-    ] = None,
-    out: Annotated[Path, typer.Option(help="Output folder (study, trials, configs).")] = Path(
-        "autotune-out"
-    ),
-    storage: Annotated[
-        str | None, typer.Option(help="Optuna storage URL (default sqlite:///OUT/study.db).")
-    ] = None,
-    study: Annotated[
-        str | None, typer.Option(help="Study name (default model-cluster-framework).")
-    ] = None,
-    resume: Annotated[bool, typer.Option(help="Continue an existing study.")] = False,
-    jobs: Annotated[
-        int | None, typer.Option(help=_help("Trials in flight at once.", TuneSettings, "jobs"))
-    ] = None,
-    top_k: Annotated[
-        int | None,
-        typer.Option(help=_help("Runners-up to render besides the best.", TuneSettings,
-                                "top_k")),
-    ] = None,
-    repeat: Annotated[
-        int | None,
-        typer.Option(help=_help("Runs of each layout, averaged against noise.", TuneSettings,
-                                "repeat")),
-    ] = None,
-    seq: SeqOpt = None,
-    gbs: GbsOpt = None,
-    precision: PrecisionOpt = None,
-    processes: ProcsOpt = None,
-    moe_dispatcher: DispatcherOpt = None,
-    moe_a2a_overlap: A2AOverlapOpt = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (study, trials, configs; "
+                                             "default: autotune-out).")] = None,
     scale_after: Annotated[
         bool, typer.Option("--scale", help="Sweep the winner over cluster sizes.")
     ] = False,
-    scale_gpus: Annotated[
-        str | None, typer.Option("--scale-gpus", help="GPU counts of the sweep, e.g. 8,16,32.")
-    ] = None,
-    scale_mode: Annotated[
-        str | None,
-        typer.Option("--scale-mode", help=_help("weak or strong.", ScaleSettings, "mode")),
-    ] = None,
     as_json: JsonOpt = False,
-    **runner_options: Any,
+    *,
+    config: dict[str, Any],
 ) -> None:
     """Search layouts with an Optuna study, measure them with a runner, render the winners."""
     from autotune.run import tune as run_tune
 
-    sweep = _fields("scale", locals(), prefix="scale_") if scale_after else None
-    config = _run_config(locals(), sweep, prefix="scale_")
-    _state["resume"] = resume_command(config)
+    if scale_after:
+        config = {**config, "scale": config.get("scale") or {}}
+    run = _run_config(config, (*PROBLEM_OPTIONS, RUNNER, TUNE, SWEEP), out, "autotune-out")
+    _state["resume"] = resume_command(run)
     with Progress(
         SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
         MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
         disable=as_json or not sys.stderr.isatty(),
     ) as progress:
-        name, trials = config.runner.name, config.tune.trials
+        name, trials = run.runner.name, run.tune.trials
         task = progress.add_task(f"tuning ({name})", total=trials)
 
         def on_trial(current: Any, _: Any) -> None:
+            if _state.get("interrupted"):  # a Ctrl-C that landed where Python drops it
+                raise KeyboardInterrupt
             done = current.get_trials(deepcopy=False)
             ran = sum(1 for t in done if t.user_attrs.get("ran"))
             best = max((t.value or 0.0 for t in done), default=0.0)
             progress.update(task, completed=min(ran, trials),
                             description=f"tuning ({name}) best {best:,.0f} tok/s")
 
-        outcome = run_tune(config, on_trial=on_trial)
+        outcome = run_tune(run, on_trial=on_trial)
     _state["resume"] = ""
-    result, ranked, label = outcome.result, outcome.ranked, figure_label(config.runner.name)
-    top_k = config.tune.top_k
+    result, ranked, label = outcome.result, outcome.ranked, figure_label(run.runner.name)
+    top_k = run.tune.top_k
     if as_json:
         print(json.dumps({
             "study": result.study_name, "storage": result.storage, "out": str(result.out_dir),
@@ -582,36 +375,20 @@ def tune(
 
 
 @app.command()
-@_with_runner_options
+@with_options(*PROBLEM_OPTIONS, RUNNER, SCALE)
 def scale(
-    model: ModelOpt,
-    cluster: ClusterOpt,
-    layout: LayoutOpt,
-    gpus: Annotated[
-        str | None,
-        typer.Option(help="GPU counts, e.g. 8,16,32 (default: powers of two up to the cluster)."),
-    ] = None,
-    mode: Annotated[
-        str | None,
-        typer.Option(help=_help("weak (per-replica batch fixed) or strong.", ScaleSettings,
-                                "mode")),
-    ] = None,
-    framework: FrameworkOpt = None,
-    out: Annotated[Path, typer.Option(help="Output folder.")] = Path("autotune-scale"),
-    seq: SeqOpt = None,
-    gbs: GbsOpt = None,
-    precision: PrecisionOpt = None,
-    processes: ProcsOpt = None,
-    moe_dispatcher: DispatcherOpt = None,
-    moe_a2a_overlap: A2AOverlapOpt = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default: autotune-scale).")
+                   ] = None,
     as_json: JsonOpt = False,
-    **runner_options: Any,
+    *,
+    config: dict[str, Any],
 ) -> None:
     """Run one layout at several cluster sizes and report its scaling efficiency."""
     from autotune.run import scale as run_scale
 
-    config = _run_config(locals(), _fields("scale", locals()), prefix="")
-    outcome = run_scale(config)
+    run = _run_config({**config, "scale": config.get("scale") or {}},
+                      (*PROBLEM_OPTIONS, RUNNER, SCALE), out, "autotune-scale")
+    outcome = run_scale(run)
     if as_json:
         print(json.dumps(outcome.result.to_dict(), indent=2, default=str))
     else:
@@ -623,14 +400,24 @@ def scale(
 
 @app.command()
 def report(
-    directory: Annotated[Path, typer.Argument(help="A tune or scale output folder.")],
+    directory: Annotated[Path, typer.Argument(help="A tune, scale or plan output folder.")],
     out: Annotated[Path | None, typer.Option(help="Write here instead of DIRECTORY.")] = None,
 ) -> None:
-    """Regenerate report.md, report.html, summary.json and trials.csv of a folder."""
+    """Regenerate report.md, report.html, summary.json and trials.csv of a folder (plan.md
+    and plan.html of a plan folder)."""
     from autotune.report import write_report
+    from autotune.report.data import read_plan
 
     if not directory.is_dir():
         raise AutotuneError(f"report: {directory} is not a folder; give a tune or scale --out")
+    doc = read_plan(directory)
+    if doc is not None:
+        from autotune.report.plan import write_plan_report
+
+        pages = write_plan_report(doc, prepare_out(out) if out is not None else directory)
+        for name in ("plan.html", "plan.md"):
+            console.print(f"{name}: {pages[name]}")
+        return
     written = write_report(directory, prepare_out(out) if out is not None else None)
     for name in ("report.html", "report.md", "summary.json"):
         console.print(f"{name}: {written[name]}")
@@ -638,7 +425,7 @@ def report(
 
 @app.command("compare")
 def compare_command(
-    dirs: Annotated[list[Path], typer.Argument(help="tune/scale output folders.")],
+    dirs: Annotated[list[Path], typer.Argument(help="tune/scale/plan output folders.")],
     out: Annotated[Path, typer.Option(help="Folder for compare.md/html/json.")] = Path(
         "autotune-compare"
     ),
@@ -655,23 +442,17 @@ def compare_command(
 
 
 @app.command()
+@with_options(*PROBLEM_OPTIONS)
 def render(
-    model: ModelOpt,
-    cluster: ClusterOpt,
     layout: LayoutOpt,
     out: Annotated[Path, typer.Option(help="Folder for the configs.")],
-    framework: FrameworkOpt = None,
-    seq: SeqOpt = None,
-    gbs: GbsOpt = None,
-    precision: PrecisionOpt = None,
-    processes: ProcsOpt = None,
-    moe_dispatcher: DispatcherOpt = None,
-    moe_a2a_overlap: A2AOverlapOpt = None,
+    *,
+    config: dict[str, Any],
 ) -> None:
     """Render ds_config.json / pretrain_gpt.sh / sbatch.sh and a manifest for one layout."""
     from autotune.render import write_artifacts
 
-    cfg = _problem(locals()).load()
+    cfg = _problem(config).load()
     parsed, broken = check_layout(cfg, layout)
     if broken:
         raise AutotuneError(
@@ -745,11 +526,26 @@ def _usage_message(error: typer.TyperException) -> str:
 def _run(entry: Callable[..., Any], args: list[str] | None = None) -> int:
     """Run the app on `args` (default: the process's) and return the exit code."""
     args = list(sys.argv[1:] if args is None else args)
-    _state.update(debug="--debug" in args, resume="", argv=args)
+    _state.update(debug="--debug" in args, resume="", argv=args, interrupted=False)
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_interrupt)
     try:
         return _exit_code(entry, args)
     finally:
         del _state["argv"]
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, previous)
+
+
+def _on_interrupt(number: int, frame: Any) -> None:
+    """Ctrl-C: remember it, then interrupt as Python does, except inside a weakref callback,
+    where CPython would print and drop the KeyboardInterrupt: the study's next callback raises
+    it then."""
+    _state["interrupted"] = True
+    if frame is not None and frame.f_code.co_filename.endswith("weakref.py"):
+        return
+    signal.default_int_handler(number, frame)
 
 
 def _exit_code(entry: Callable[..., Any], args: list[str]) -> int:

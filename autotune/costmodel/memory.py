@@ -29,15 +29,14 @@ import numpy as np
 
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.kernels import routed_tokens
-from autotune.costmodel.sharding import expert_data_parallel
 from autotune.costmodel.sharding import expert_params_on_rank
 from autotune.costmodel.sharding import largest_module_params
 from autotune.costmodel.sharding import params_on_rank
 from autotune.costmodel.terms import terms_for
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
+from autotune.units import GIB
 
-GIB = 1024**3
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "buffers", "runtime")
 """Named parts of the per-GPU memory estimate, in report order."""
 
@@ -130,7 +129,7 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[s
         if share:
             experts = expert_params_on_rank(m, t, stage.layers)
             expert_states = framework.state_bytes(cfg, t, experts, 0 * gathered,
-                                                  shard=expert_data_parallel(t))
+                                                  shard=t.expert_data_parallel)
             states = {name: states[name] + expert_states[name] for name in states}
             params = params + experts
         activations = stage.layers * stage.in_flight * stored_per_layer

@@ -35,12 +35,6 @@ def _mean_layer(model: ModelSpec) -> tuple[float, float, float]:
     return counts.layers_total / model.num_layers - experts - replicated, replicated, experts
 
 
-def expert_data_parallel(t: LayoutTable) -> np.ndarray:
-    """edp = world/(etp·ep·pp): ranks that hold the same experts (ZeRO shards their states)."""
-    edp: np.ndarray = t.tp * t.cp * t.dp / (t.etp * t.ep)
-    return edp
-
-
 def params_on_rank(
     model: ModelSpec,
     t: LayoutTable,

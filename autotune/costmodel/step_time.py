@@ -51,7 +51,6 @@ from autotune.costmodel.expert_dispatch import dispatch_bytes
 from autotune.costmodel.kernels import head_times
 from autotune.costmodel.kernels import mean_layer_times
 from autotune.costmodel.kernels import routed_tokens
-from autotune.costmodel.sharding import expert_data_parallel
 from autotune.costmodel.sharding import expert_params_on_rank
 from autotune.costmodel.sharding import params_on_rank
 from autotune.costmodel.terms import terms_for
@@ -164,7 +163,7 @@ def _reduce_s(kind: Kind, nbytes_per_param: float, params: np.ndarray, bucket: n
     are etp·ep apart) hidden under `window` seconds of compute that produce (or consume) the
     buckets in turn: the last bucket is never hidden."""
     if expert:
-        ranks = expert_data_parallel(t)
+        ranks = t.expert_data_parallel
         per_node = np.maximum(cfg.cluster.gpus_per_node // (t.etp * t.ep), 1)
     else:
         ranks = t.shard_degree
@@ -196,7 +195,7 @@ def _dp_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarray,
     gather = _reduce_s("all_gather", 2, params, bucket, forward_mb,
                        overlap and framework.param_gather_overlaps_forward, cfg, t, k, expert)
     dp = grads + np.where((t.zero >= 1) & (t.zero < 3), gather, 0.0)
-    ranks = expert_data_parallel(t) if expert else t.shard_degree
+    ranks = t.expert_data_parallel if expert else t.shard_degree
     return np.where((ranks > 1) & (t.zero < 3), dp, 0.0)
 
 
@@ -263,7 +262,7 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     shard = params / np.where(t.zero >= 1, t.shard_degree, 1)  # after ZeRO sharding
     if share:
         dp = dp + _dp_s(cfg, t, k, experts, forward_mb, backward_mb, expert=True)
-        shard = shard + experts / np.where(t.zero >= 1, expert_data_parallel(t), 1)
+        shard = shard + experts / np.where(t.zero >= 1, t.expert_data_parallel, 1)
         params = params + experts
 
     # ZeRO-3: per layer and micro-batch, weights gathered for forward (prefetched) and backward

@@ -372,7 +372,7 @@ def config(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
     """
     bucket = int(bucket_elements(_params_per_rank(cfg, layout)))
     recipe = resolve_recipe(cfg)
-    context = {
+    context: dict[str, Any] = {
         "train_batch_size": layout.global_batch_size,
         "micro_batch": layout.mbs,
         "gas": layout.gas,

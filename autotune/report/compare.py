@@ -1,8 +1,9 @@
-"""`compare`: several tune/scale output folders side by side (Markdown, HTML, JSON, plots).
+"""`compare`: several tune/scale/plan output folders side by side (Markdown, HTML, JSON, plots).
 
 Runs may differ in cluster, model, framework or date. Each row shows the run's best layout and
 its throughput, MFU and memory (for a sweep without a study: the sweep's layout at the largest
-size that ran), and its scaling efficiency; one figure overlays the scaling curves.
+size that ran; for a plan: its chosen cluster, else its fastest, with days and cost), and its
+scaling efficiency; one figure overlays the scaling curves.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from autotune.report.render import pct
 from autotune.report.render import render_template
 from autotune.report.render import short_layout
 from autotune.report.render import tflops
+from autotune.units import GIB
 
 COMPARE_PLOTS = {
     "compare_best": "Best throughput per GPU and MFU of each run.",
@@ -32,12 +34,50 @@ COMPARE_PLOTS = {
 """The comparison's figures (plots/NAME.svg) with their captions."""
 
 
-def _names(runs: list[data.RunData]) -> list[str]:
+def _names(dirs: Sequence[str | Path]) -> list[str]:
     names: list[str] = []
-    for run in runs:
-        name = run.directory.resolve().name or str(run.directory)
+    for directory in map(Path, dirs):
+        name = directory.resolve().name or str(directory)
         names.append(name if name not in names else f"{name} ({len(names) + 1})")
     return names
+
+
+def _plan_row(name: str, directory: Path, doc: dict[str, Any]) -> dict[str, Any]:
+    """A plan folder's row: its chosen cluster (else its fastest), with the predicted curve of
+    that cluster type (every size re-optimised)."""
+    ran = [p for p in doc["points"] if p["status"] == "ok"]
+    chosen = next((p for p in ran if p["name"] == doc.get("chosen")), None)
+    point = chosen or min(ran, key=lambda p: p["days"], default=None)
+    curve = [{**p, "flag": p.get("mark") or "fine"} for p in ran
+             if point is not None and p["cluster"] == point["cluster"]]
+    inputs = doc["inputs"]
+    best = None
+    if point is not None:
+        peak = point.get("peak_memory_bytes")
+        best = {"layout": point["layout"], "short": short_layout(point["layout_fields"]),
+                "source": f"plan: {'chosen' if chosen else 'fastest'} {point['name']}",
+                "gpus": point["gpus"], "tokens_per_s": point["tokens_per_s"],
+                "tokens_per_s_per_gpu": point["tokens_per_s"] / point["gpus"],
+                "tflops_per_gpu": None, "mfu": point.get("mfu"),
+                "peak_memory_gib": peak / GIB if peak else None,
+                "days": point["days"], "cost": point.get("cost")}
+    largest = curve[-1] if curve else None
+    return {
+        "name": name, "directory": str(directory), "kind": "plan",
+        "inputs": {"model": inputs["model"],
+                   "cluster": point["name"] if point else ", ".join(inputs["clusters"]),
+                   "gpus": point["gpus"] if point else None,
+                   "gpu": point["gpu"] if point else "–",
+                   "framework": (doc.get("setup") or {}).get("framework", "–"),
+                   "runner": None,
+                   "figures": "predicted" + ("" if doc.get("calibrated") else ", uncalibrated")},
+        "best": best,
+        "scaling": {"mode": "plan, re-optimised per size", "base_gpus": curve[0]["gpus"],
+                    "largest_gpus": largest["gpus"],
+                    "efficiency_at_largest": largest["efficiency"],
+                    "flag_at_largest": largest["flag"]} if largest else None,
+        "curve": curve,
+    }
 
 
 def _headline(run: data.RunData, summary: dict[str, Any]) -> dict[str, Any] | None:
@@ -63,14 +103,18 @@ def _headline(run: data.RunData, summary: dict[str, Any]) -> dict[str, Any] | No
             "tokens_per_s": point["tokens_per_s"],
             "tokens_per_s_per_gpu": point["tokens_per_s"] / point["gpus"],
             "tflops_per_gpu": point.get("tflops_per_gpu"), "mfu": point.get("mfu"),
-            "peak_memory_gib": peak / 2**30 if peak else None}
+            "peak_memory_gib": peak / GIB if peak else None}
 
 
 def comparison_rows(dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
     """One flat record per folder: inputs, best layout and figures, scaling efficiency."""
-    runs = [data.load_run(d) for d in dirs]
     rows = []
-    for name, run in zip(_names(runs), runs, strict=True):
+    for name, directory in zip(_names(dirs), dirs, strict=True):
+        plan = data.read_plan(directory)
+        if plan is not None:
+            rows.append(_plan_row(name, Path(directory), plan))
+            continue
+        run = data.load_run(directory)
         summary = data.summary(run)
         scaling = summary["scaling"]
         rows.append({
@@ -96,19 +140,22 @@ def _table(rows: list[dict[str, Any]], out: Path) -> Table:
             mode = s["mode"]
             scaling = f"{s['mode']}, {s['base_gpus']} → {s['largest_gpus']} GPUs"
             efficiency = f"{s['efficiency_at_largest']:.2f} ({s['flag_at_largest']})"
-        report = Path(os.path.relpath(Path(row["directory"]) / "report.md", out)).as_posix()
+        page = "plan.md" if row["kind"] == "plan" else "report.md"
+        report = Path(os.path.relpath(Path(row["directory"]) / page, out)).as_posix()
         columns.append([
-            i["model"], i["cluster"], f"{i['gpus']} × {i['gpu']}", i["framework"],
+            i["model"], i["cluster"], f"{i['gpus'] or '–'} × {i['gpu']}", i["framework"],
             i["runner"] or "–", i["figures"], mode, f"{i['seq_length']:,}", _batch(row),
             i["precision"], b.get("short", "–"), b.get("source", "–"),
             num(b.get("tokens_per_s")), num(b.get("tokens_per_s_per_gpu")),
             tflops(b.get("tflops_per_gpu")), pct(b.get("mfu")),
-            num(b.get("peak_memory_gib"), 1), scaling, efficiency, report,
+            num(b.get("peak_memory_gib"), 1), num(b.get("days"), 1), num(b.get("cost")),
+            scaling, efficiency, report,
         ])
     labels = ["model", "cluster", "GPUs", "framework", "runner", "figures", "scaling mode",
               "sequence length", "global batch (sequences)", "precision", "best layout", "from",
               "tokens/s", "tokens/s per GPU", "TFLOP/s per GPU", "MFU", "peak memory (GiB)",
-              "scaling sweep", "efficiency at largest size", "report"]
+              "days to train (plan)", "cost (plan)", "scaling sweep",
+              "efficiency at largest size", "report"]
     table = Table(["", *[row["name"] for row in rows]], [], "l" + "r" * len(rows))
     for k, label in enumerate(labels):
         table.rows.append([label, *[column[k] for column in columns]])

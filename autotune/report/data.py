@@ -24,7 +24,6 @@ from pydantic import TypeAdapter
 from pydantic import ValidationError
 from pydantic import model_validator
 
-from autotune.costmodel.memory import GIB
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.runners.factory import figure_label
@@ -32,8 +31,12 @@ from autotune.scaling import SCALING_JSON
 from autotune.scaling import ScalingPoint
 from autotune.specs import AutotuneConfig
 from autotune.specs.inputs import validation_message
+from autotune.units import GIB
 
 RUN_JSON = "run.json"
+PLAN_JSON = "plan.json"
+"""What `autotune plan --out` writes (`autotune.planning.build.Plan.to_dict`)."""
+PLAN_SCHEMA = "autotune.plan/1"
 SUMMARY_SCHEMA = "autotune.report/1"
 FAILED = ("oom", "nccl_timeout", "hang", "timeout", "nan", "rejected", "crash", "pruned")
 """Statuses of trials that ran but did not measure a throughput."""
@@ -98,11 +101,13 @@ def write_run_json(
     runner_options: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
     command: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Path:
     """Write DIR/run.json: where the study lives and how it was run (call when tune starts).
 
     A SQLite or journal storage inside DIR is stored relative (`sqlite:///study.db`), so the
-    folder can move.
+    folder can move. `config` is the whole run (`RunConfig`): `autotune tune --config
+    DIR/run.json` runs it again.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,6 +119,7 @@ def write_run_json(
         "runner_options": runner_options or {},
         "options": options or {},
         "command": command,
+        "config": config,
     }
     path = out / RUN_JSON
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
@@ -228,6 +234,25 @@ def _read_json(path: Path, schema: type[BaseModel]) -> dict[str, Any]:
     except ValidationError as error:
         raise AutotuneError(f"{validation_message(error, f'report: {path}')}; {fix}") from None
     return value
+
+
+def read_plan(directory: str | Path) -> dict[str, Any] | None:
+    """plan.json of a folder as a dict, or None when the folder has none.
+
+    Raises:
+        AutotuneError: when plan.json is not a plan autotune wrote.
+    """
+    path = Path(directory) / PLAN_JSON
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise AutotuneError(f"{path}: cannot read it ({error}); rerun `autotune plan`") from None
+    if not isinstance(doc, dict) or doc.get("schema") != PLAN_SCHEMA:
+        raise AutotuneError(f"{path}: not an autotune plan (schema {PLAN_SCHEMA}); rerun "
+                            "`autotune plan --out DIR`")
+    return doc
 
 
 def load_run(directory: str | Path, records: list[dict[str, Any]] | None = None,

@@ -24,7 +24,7 @@ from autotune.report.data import write_run_json
 from autotune.report.render import write_report
 from autotune.runners.base import Runner
 from autotune.scaling import sweep
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import default_study_name
 from autotune.search.study import tune
 from autotune.space.search_space import SearchSpace
@@ -110,9 +110,8 @@ def generate(example: Example, out: Path) -> Path:
         options={"trials": example.trials, "seed": example.seed, "top_k": 5},
         command=f"python -m autotune.report.examples --only {example.name}",
     )
-    options = TuneOptions(out_dir=folder, trials=example.trials, seed=example.seed,
-                          storage=storage)
-    result = tune(cfg, space, runner, options)
+    options = TuneSettings(trials=example.trials, seed=example.seed, storage=storage)
+    result = tune(cfg, space, runner, options, folder)
     if result.ranked:
         best = Layout(**result.ranked[0]["layout_fields"])
         gpus = [n * cfg.cluster.gpus_per_node for n in example.nodes]
@@ -148,9 +147,9 @@ def generate_local(out: Path, processes: int = 4, trials: int = 6) -> Path:
         options={"trials": trials, "seed": 0, "top_k": 3},
         command="python -m autotune.report.examples --with-local --only local",
     )
-    options = TuneOptions(out_dir=folder, trials=trials, seed=0, storage=storage, top_k=3,
-                          pruner_tolerance=1.0)  # measure every trial to the end
-    result = tune(cfg, LOCAL_SPACE, runner, options)
+    # measure every trial to the end
+    options = TuneSettings(trials=trials, seed=0, storage=storage, top_k=3, pruner_tolerance=1.0)
+    result = tune(cfg, LOCAL_SPACE, runner, options, folder)
     if result.ranked:
         best = Layout(**result.ranked[0]["layout_fields"])
         sizes = [n for n in (1, 2, 4) if n <= processes]

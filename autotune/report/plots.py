@@ -24,12 +24,12 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 from matplotlib.ticker import LogLocator  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
 
-from autotune.costmodel.memory import GIB  # noqa: E402
 from autotune.costmodel.memory import MEMORY_PARTS  # noqa: E402
 from autotune.costmodel.step_time import TIME_PARTS  # noqa: E402
 from autotune.scaling import BOUND_BELOW  # noqa: E402
 from autotune.scaling import FINE_AT  # noqa: E402
 from autotune.scaling import PART_LABELS  # noqa: E402
+from autotune.units import GIB  # noqa: E402
 
 STYLE: dict[Any, Any] = {
     "svg.hashsalt": "autotune",
@@ -403,4 +403,104 @@ def compare_best(names: Sequence[str], per_gpu: Sequence[float | None],
     right.set_yticks(rows, [""] * len(names))
     left.set_title("Best throughput per GPU", loc="left")
     right.set_title("Best MFU", loc="left")
+    return _svg(fig)
+
+
+# --- plans ------------------------------------------------------------------------------------
+
+PlanSeries = Sequence[tuple[str, list[dict[str, Any]]]]
+"""(cluster type, its plan points that fit, ascending GPUs) per line of a plan plot."""
+
+
+def _mark_chosen(ax: Any, point: dict[str, Any] | None, key: str) -> None:
+    if point is not None and point.get(key) is not None:
+        ax.scatter([point["gpus"]], [point[key]], marker="*", s=260, color="#c44e52",
+                   edgecolors="black", linewidths=0.8, zorder=6, label=f"chosen: {point['name']}")
+
+
+def _band(ax: Any, xs: list[int], points: list[dict[str, Any]], key: str, color: str) -> None:
+    """The interval of `key` as a shaded band, where every point has one."""
+    low = [p.get(f"{key}_low") for p in points]
+    high = [p.get(f"{key}_high") for p in points]
+    if all(v is not None for v in low + high):
+        ax.fill_between(xs, low, high, color=color, alpha=0.15, linewidth=0)
+
+
+@_styled
+def plan_days_cost(series: PlanSeries, chosen: dict[str, Any] | None = None) -> str:
+    """Days to train and cost against GPUs, one line per cluster type; intervals shaded when
+    known; the chosen point starred. Days on a log axis, cost on a linear axis fitted to the
+    spread (a nearly flat cost would be squashed by an axis from 0)."""
+    fig, (left, right) = _figure(11, 4.4, ncols=2)
+    sizes = sorted({p["gpus"] for _, points in series for p in points})
+    costs = []
+    for i, (name, points) in enumerate(series):
+        color = PALETTE[i % 10]
+        xs = [p["gpus"] for p in points]
+        left.plot(xs, [p["days"] for p in points], marker="o", color=color, label=name)
+        _band(left, xs, points, "days", color)
+        if all(p.get("cost") is not None for p in points):
+            right.plot(xs, [p["cost"] for p in points], marker="o", color=color, label=name)
+            _band(right, xs, points, "cost", color)
+            costs += [p["cost"] for p in points]
+            costs += [p[k] for p in points for k in ("cost_low", "cost_high") if p.get(k)]
+    _mark_chosen(left, chosen, "days")
+    _gpu_axis(left, sizes)
+    left.set_yscale("log")
+    left.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    left.yaxis.set_minor_locator(NullLocator())
+    left.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1
+                                                 else f"{v:.2g}"))
+    left.set_ylabel("days to train (predicted)")
+    left.set_title("Days to train", loc="left")
+    _gpu_axis(right, sizes)
+    if costs:
+        _mark_chosen(right, chosen, "cost")
+        low, high = min(costs), max(costs)
+        pad = max(high - low, 0.02 * high) * 0.15
+        right.set_ylim(max(0.0, low - pad), high + pad)
+        right.yaxis.set_major_formatter(FuncFormatter(si))
+        right.set_ylabel("cost (predicted GPU-hours × price)")
+    else:
+        right.text(0.5, 0.5, "no price given (--price)", transform=right.transAxes,
+                   ha="center", va="center", color="#777777")
+        right.set_yticks([])
+    right.set_title("Cost", loc="left")
+    handles, names = left.get_legend_handles_labels()
+    extra = [(h, n) for h, n in zip(*right.get_legend_handles_labels(), strict=True)
+             if n not in names]
+    fig.legend([*handles, *(h for h, _ in extra)], [*names, *(n for _, n in extra)],
+               loc="outside lower center", ncols=min(4, len(names) + len(extra)))
+    return _svg(fig)
+
+
+@_styled
+def plan_efficiency(series: PlanSeries, chosen: dict[str, Any] | None = None,
+                    measured: Sequence[dict[str, Any]] = ()) -> str:
+    """Predicted scaling efficiency against GPUs per cluster type with the 0.7 and 0.5 lines;
+    with `measured` (points of a verification sweep: gpus, efficiency) the measured curve."""
+    fig, ax = _figure(10, 4.4)
+    sizes = sorted({p["gpus"] for _, points in series for p in points}
+                   | {p["gpus"] for p in measured})
+    for i, (name, points) in enumerate(series):
+        ax.plot([p["gpus"] for p in points], [p["efficiency"] for p in points], marker="o",
+                color=PALETTE[i % 10], label=f"{name} (predicted)")
+    if measured:
+        ax.plot([p["gpus"] for p in measured], [p["efficiency"] for p in measured],
+                marker="D", linestyle="--", color="black",
+                label="measured (--verify-sizes, against its smallest)")
+    _mark_chosen(ax, chosen, "efficiency")
+    values = [p["efficiency"] for _, points in series for p in points]
+    values += [p["efficiency"] for p in measured]
+    top = max([1.05] + [v * 1.05 for v in values])
+    bottom = min([BOUND_BELOW - 0.1] + [v - 0.05 for v in values])
+    for level, color in ((FINE_AT, "#ccb974"), (BOUND_BELOW, "#c44e52")):
+        ax.axhline(level, color=color, linestyle="--", linewidth=1.2)
+        ax.text(0.01, level + 0.01, f"{level:g}", transform=ax.get_yaxis_transform(),
+                fontsize=8, color="#555555", va="bottom")
+    _gpu_axis(ax, sizes)
+    ax.set_ylim(max(0.0, bottom), top)
+    ax.set_ylabel("scaling efficiency")
+    ax.set_title("Efficiency vs each type's smallest size that fits", loc="left")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=4)
     return _svg(fig)

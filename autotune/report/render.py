@@ -13,26 +13,25 @@ import dataclasses
 import json
 import re
 from collections import Counter
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jinja2
 from markupsafe import Markup
 
+from autotune import templating
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.estimate import estimate
-from autotune.costmodel.memory import GIB
 from autotune.costmodel.memory import MEMORY_PARTS
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.costmodel.step_time import TIME_PARTS
 from autotune.layout import Layout
 from autotune.report import data
 from autotune.report import plots
-from autotune.resources import resource_dir
 from autotune.scaling import PART_LABELS
 from autotune.scaling import lost_text
 from autotune.space.rules import MEMORY_RULE_NAMES
+from autotune.templating import register_filters
+from autotune.units import GIB
 
 PLOT_CAPTIONS = {
     "memory_breakdown": "Predicted memory per GPU of the winner and runners-up, by part; "
@@ -405,24 +404,6 @@ def _configs(run: data.RunData, summary: dict[str, Any]) -> dict[str, Any]:
 # --- writing ----------------------------------------------------------------------------------
 
 
-@cache
-def environment() -> jinja2.Environment:
-    """The report templates (StrictUndefined; HTML autoescaped)."""
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(resource_dir("templates") / "report")),
-        undefined=jinja2.StrictUndefined,
-        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",),
-                                            default_for_string=False),
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters["md_cell"] = md_cell
-    env.filters["md_table"] = md_table
-    env.filters["inline_code"] = inline_code
-    return env
-
-
 def md_cell(value: Any) -> str:
     """A Markdown table cell: pipes escaped, one line."""
     return " ".join(str(value).split()).replace("|", "\\|")
@@ -441,9 +422,12 @@ def inline_code(text: str) -> Markup:
     return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped))
 
 
+register_filters("report", md_cell=md_cell, md_table=md_table, inline_code=inline_code)
+
+
 def render_template(name: str, **context: Any) -> str:
     """Render templates/report/NAME."""
-    return environment().get_template(name).render(**context)
+    return templating.render_template(name, kind="report", **context)
 
 
 def write_csv(path: Path, columns: tuple[str, ...], rows: list[dict[str, Any]]) -> None:

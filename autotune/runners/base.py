@@ -9,6 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune.exceptions import AutotuneError
+from autotune.frameworks import FRAMEWORKS
+from autotune.frameworks import framework_of
+from autotune.frameworks import get_framework
 from autotune.layout import Layout
 from autotune.measurement import Measurement
 from autotune.specs import AutotuneConfig
@@ -73,3 +77,26 @@ class Runner(abc.ABC):
 
     def cleanup(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Release shared resources (no-op by default)."""
+
+
+def check_program(cfg: AutotuneConfig, checkout: object | None, gpus: Callable[[], bool],
+                  where: str) -> None:
+    """What every runner that starts trial programs checks first: a framework checkout only
+    for a framework that runs one, and a framework whose programs need CUDA only where there
+    are GPUs (`gpus()` is asked only then; `where` names the place, e.g. "CPU processes").
+
+    Raises:
+        AutotuneError: naming the option and the framework to use instead.
+    """
+    framework = framework_of(cfg)
+    if checkout is not None and framework.checkout_env is None:
+        with_checkout = ", ".join(f for f in FRAMEWORKS if get_framework(f).checkout_env)
+        raise AutotuneError(
+            f"--megatron-lm: {framework.name} trials run its built-in program; drop "
+            f"--megatron-lm or use --framework {with_checkout}"
+        )
+    if framework.trains_on_cpu or checkout is not None or gpus():  # a checkout decides itself
+        return
+    on_cpu = ", ".join(f for f in FRAMEWORKS if get_framework(f).trains_on_cpu)
+    raise AutotuneError(f"--framework {framework.name}: its trials train on CUDA GPUs only, and "
+                        f"{where} offers none; use --framework {on_cpu}")

@@ -1,6 +1,6 @@
 """Classify a failed trial from how it ended and what it logged.
 
-Classes (see `autotune.runners.base.STATUSES`): `oom` (CUDA or host memory, or a SIGKILL that the
+Classes (see `autotune.measurement.Status`): `oom` (CUDA or host memory, or a SIGKILL that the
 watchdog did not send: the kernel OOM killer or a memory cgroup), `nccl_timeout` (NCCL or gloo
 collective timeouts), `hang` and `timeout` (the watchdog stopped the run), `nan`, `rejected` (the
 framework refused the configuration), and `crash` (anything else). The first cause wins: a rank

@@ -11,7 +11,7 @@ step, then the runner's `result` record).
 Example:
     >>> from autotune.runners.local import LocalRunner
     >>> runner = LocalRunner(steps=6, warmup=2, hang_timeout_s=120)
-    >>> # autotune.search.study.tune(cfg, space, runner, TuneOptions(out_dir=Path("study")))
+    >>> # autotune.search.study.tune(cfg, space, runner, TuneSettings(), Path("study"))
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune.exceptions import AutotuneError
-from autotune.frameworks import FRAMEWORKS
 from autotune.frameworks import framework_of
-from autotune.frameworks import get_framework
 from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
+from autotune.runners.base import check_program
 from autotune.runners.failures import classify
 from autotune.runners.process import ProcessOutcome
 from autotune.runners.process import package_root
@@ -121,23 +120,13 @@ class LocalRunner(Runner):
 
     def check(self, cfg: AutotuneConfig) -> None:
         """Raise AutotuneError when this runner cannot run trials of `cfg` here."""
-        framework = framework_of(cfg)
         if cfg.cluster.nodes != 1:
             raise AutotuneError(
                 f"--runner local: runs one node, but cluster {cfg.cluster.name!r} has "
                 f"{cfg.cluster.nodes}; use --cluster local or the slurm runner"
             )
-        if self.checkout is not None and framework.checkout_env is None:
-            raise AutotuneError(
-                f"--megatron-lm: {framework.name} trials run its built-in program; drop "
-                "--megatron-lm or use --framework megatron"
-            )
-        if cfg.cluster.cpu_processes and not framework.trains_on_cpu and self.checkout is None:
-            on_cpu = ", ".join(f for f in FRAMEWORKS if get_framework(f).trains_on_cpu)
-            raise AutotuneError(
-                f"--framework {framework.name}: its trials train on CUDA GPUs only; on CPU "
-                f"processes use --framework {on_cpu}"
-            )
+        check_program(cfg, self.checkout, lambda: not cfg.cluster.cpu_processes,
+                      "a cluster of CPU processes")
         if not cfg.cluster.cpu_processes:
             import torch
 

@@ -22,6 +22,7 @@ from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.specs import AutotuneConfig
+from autotune.units import GIB
 
 _PERTURBED = ("gemm_efficiency", "comm_efficiency", "hbm_efficiency", "overlap_fraction")
 
@@ -77,7 +78,7 @@ class SimulateRunner(Runner):
         cfg, layout = plan.cfg, plan.layout
         k = self.truth_constants(cfg)
         values = evaluate(cfg, LayoutTable.from_layouts([layout]), k)
-        peak = float(values["peak_memory_bytes"][0]) + self.hidden_memory_gib * 2**30
+        peak = float(values["peak_memory_bytes"][0]) + self.hidden_memory_gib * GIB
         if peak > usable_gpu_bytes(cfg, k):
             return Measurement(
                 "oom", peak_memory_bytes=peak, reason="simulated peak memory exceeds the GPU"

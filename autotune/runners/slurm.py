@@ -43,12 +43,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune.exceptions import AutotuneError
-from autotune.frameworks import FRAMEWORKS
 from autotune.frameworks import framework_of
-from autotune.frameworks import get_framework
 from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
+from autotune.runners.base import check_program
 from autotune.runners.failures import classify
 from autotune.runners.process import package_root
 from autotune.runners.slurm_client import LIVE_STATES
@@ -177,7 +176,7 @@ class SlurmRunner(Runner):
     Example:
         >>> from autotune.runners.slurm import SlurmRunner
         >>> runner = SlurmRunner(partition="gpu", time_limit="00:30:00", options={"qos": "high"})
-        >>> # autotune.tune(cfg, space, runner, TuneOptions(out_dir=Path("/shared/study")))
+        >>> # autotune.tune(cfg, space, runner, TuneSettings(), Path("/shared/study"))
     """
 
     name = "slurm"
@@ -232,24 +231,12 @@ class SlurmRunner(Runner):
             AutotuneError: Slurm does not answer; the framework needs GPUs and the cluster (or
                 the partition) has none; a checkout was given for a framework without one.
         """
-        framework = framework_of(cfg)
-        if self.checkout is not None and framework.checkout_env is None:
-            raise AutotuneError(
-                f"--megatron-lm: {framework.name} trials run its built-in program; drop "
-                "--megatron-lm or use --framework megatron"
-            )
-        if framework.trains_on_cpu or self.checkout is not None:  # a checkout decides itself
-            self.prepare()
-            return
-        gpus = not cfg.cluster.cpu_processes and partition_has_gpus(self.partition)
-        if not gpus:
-            where = f"partition {self.partition!r}" if self.partition else "the default partition"
-            on_cpu = ", ".join(f for f in FRAMEWORKS if get_framework(f).trains_on_cpu)
-            raise AutotuneError(
-                f"--framework {framework.name}: its trials train on CUDA GPUs only, and "
-                f"{where} of this Slurm cluster offers none (no gpu GRES in sinfo); use "
-                f"--framework {on_cpu}"
-            )
+        where = f"partition {self.partition!r}" if self.partition else "the default partition"
+        check_program(
+            cfg, self.checkout,
+            lambda: not cfg.cluster.cpu_processes and partition_has_gpus(self.partition),
+            f"{where} of this Slurm cluster (no gpu GRES in sinfo)")
+        self.prepare()
 
     def prepare(self) -> None:
         """Check that the Slurm client commands answer."""

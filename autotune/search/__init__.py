@@ -7,10 +7,10 @@
 - `storage`: Optuna storages (SQLite, PostgreSQL, in memory), shared studies.
 """
 
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import TuneResult
 from autotune.search.study import rank_trials
 from autotune.search.study import trial_records
 from autotune.search.study import tune
 
-__all__ = ["TuneOptions", "TuneResult", "rank_trials", "trial_records", "tune"]
+__all__ = ["TuneSettings", "TuneResult", "rank_trials", "trial_records", "tune"]

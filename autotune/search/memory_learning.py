@@ -30,8 +30,8 @@ import numpy as np
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.specs import AutotuneConfig
+from autotune.units import GIB
 
-GIB = 1024**3
 FAMILIES = 3
 """Recompute modes (none, selective, full): each gets its own activation correction."""
 PRIOR_SCALE_SD = 0.15

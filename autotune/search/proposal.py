@@ -22,13 +22,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
-from autotune.calibration.fit import TRIAL_REFIT
-from autotune.costmodel.constants import FIT_BOUNDS
+from autotune.calibration.fit import fit_trials
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.estimate import evaluate
-from autotune.costmodel.step_time import estimate_time
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.search.memory_learning import MemoryFit
@@ -37,11 +34,8 @@ from autotune.search.memory_learning import fit_memory
 from autotune.search.surrogate import features
 from autotune.search.surrogate import fit_residuals
 from autotune.specs import AutotuneConfig
+from autotune.units import GIB
 
-PRIOR_LOG_SD = 0.25
-"""Prior σ of a refitted constant in log space (a fit with few trials stays near the base)."""
-STEP_SD = 0.03
-"""σ of the model's log step-time error after the refit (weighs the trials against the prior)."""
 BETA = 1.0
 """Weight of the residual σ in the upper confidence bound."""
 NOVELTY = 0.05
@@ -79,30 +73,9 @@ class Proposal:
             "reason": self.reason,
             "layout_id": self.layout.id,
             "predicted_tokens_per_s": round(self.predicted_tokens_per_s, 3),
-            "need_gib": round(self.need_bytes / 2**30, 3),
+            "need_gib": round(self.need_bytes / GIB, 3),
             "memory": self.memory.to_dict(),
         }
-
-
-def refit_constants(
-    cfg: AutotuneConfig, table: LayoutTable, step_time_s: np.ndarray, base: Constants
-) -> Constants:
-    """Maximum a posteriori TRIAL_REFIT constants: log step-time errors of the measured rows
-    against a log-normal prior around `base` (bounds from
-    `autotune.costmodel.constants.FIT_BOUNDS`)."""
-    low = np.log([max(FIT_BOUNDS[n][0], 0.05) for n in TRIAL_REFIT])
-    high = np.log([FIT_BOUNDS[n][1] for n in TRIAL_REFIT])
-    start = np.clip(np.log([getattr(base, n) for n in TRIAL_REFIT]), low, high)
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        k = base.model_copy(update=dict(zip(TRIAL_REFIT, map(float, np.exp(x)), strict=True)))
-        modelled = estimate_time(cfg, table, k)["total"]
-        return np.concatenate(
-            [np.log(modelled / step_time_s) / STEP_SD, (x - start) / PRIOR_LOG_SD]
-        )
-
-    fit = least_squares(residuals, start, bounds=(low, high))
-    return base.model_copy(update=dict(zip(TRIAL_REFIT, map(float, np.exp(fit.x)), strict=True)))
 
 
 def structure(t: LayoutTable) -> np.ndarray:
@@ -152,9 +125,8 @@ class Proposer:
         if self._fit_cache[0] != len(ok):
             k = self.base
             if ok:
-                table = LayoutTable.from_layouts([o.layout for o in ok])
-                steps = np.array([o.step_time_s for o in ok], dtype=float)
-                k = refit_constants(self.cfg, table, steps, self.base)
+                k = fit_trials(self.cfg, [o.layout for o in ok],
+                               [float(o.step_time_s or 0.0) for o in ok], self.base)
             rates = evaluate(self.cfg, self.feasible, k)["tokens_per_s"]
             self._fit_cache = (len(ok), k, np.log(rates))
         return self._fit_cache[1], self._fit_cache[2]

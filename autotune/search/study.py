@@ -29,6 +29,7 @@ from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.measurement import Measurement
+from autotune.measurement import Status
 from autotune.runners.base import Runner
 from autotune.search.proposal import Proposer
 from autotune.search.sampler import FINISHED
@@ -37,6 +38,7 @@ from autotune.search.sampler import NoiseAwarePruner
 from autotune.search.sampler import distributions
 from autotune.search.sampler import holding_trial
 from autotune.search.sampler import layout_from_params
+from autotune.search.settings import TuneSettings
 from autotune.search.storage import GRACE_PERIOD_S
 from autotune.search.storage import HEARTBEAT_INTERVAL_S
 from autotune.search.storage import default_storage_url
@@ -53,26 +55,6 @@ INPUTS_ATTR = "autotune_inputs"
 CARRIED_ATTRS = ("slurm_job_id", "slurm_trial_dir")
 """User attributes a retried trial keeps (heartbeat retries keep them all): the job of the
 interrupted trial, which the slurm runner re-attaches to while it still runs."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TuneOptions:
-    """How a study runs (see `autotune tune --help`)."""
-
-    out_dir: Path
-    trials: int = 20
-    storage: str | None = None
-    study_name: str | None = None
-    resume: bool = False
-    seed: int = 0
-    jobs: int = 1
-    top_k: int = 5
-    warm_start: int = 4
-    explore_every: int = 10
-    pruner_tolerance: float = 0.1
-    render: bool = True
-    repeat: int = 1
-    """Runs per layout (> 1 averages noise); a layout that failed never runs again."""
 
 
 def rank_trials(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -168,7 +150,7 @@ class Objective:
 
     def infeasible(self, trial: Trial, broken: list[tuple[str, str]]) -> float:
         name, reason = broken[0]
-        trial.set_user_attr("status", "infeasible")
+        trial.set_user_attr("status", Status.INFEASIBLE.value)
         trial.set_user_attr("rule", name)
         trial.set_user_attr("reason", reason)
         trial.set_constraint("runs", 1.0)
@@ -194,7 +176,7 @@ class Objective:
         )
 
     def reuse(self, trial: Trial, earlier: FrozenTrial) -> float:
-        trial.set_user_attr("status", "duplicate")
+        trial.set_user_attr("status", Status.DUPLICATE.value)
         trial.set_user_attr("duplicate_of", earlier.number)
         if earlier.state == TrialState.RUNNING:
             raise optuna.TrialPruned(f"layout already running in trial {earlier.number}")
@@ -247,12 +229,13 @@ def _round(data: Any) -> Any:
 def _open_study(
     cfg: AutotuneConfig,
     space: SearchSpace,
-    options: TuneOptions,
+    options: TuneSettings,
+    out_dir: Path,
     sampler: optuna.samplers.BaseSampler,
     pruner: optuna.pruners.BasePruner,
 ) -> tuple[optuna.Study, str, str, bool]:
-    url = options.storage or default_storage_url(options.out_dir)
-    name = options.study_name or default_study_name(cfg)
+    url = options.storage or default_storage_url(out_dir)
+    name = options.study or default_study_name(cfg)
     storage = open_storage(url)
     exists = name in [s.study_name for s in optuna.get_all_study_summaries(storage)]
     if exists and not options.resume:
@@ -363,18 +346,34 @@ def tune(
     cfg: AutotuneConfig,
     space: SearchSpace,
     runner: Runner,
-    options: TuneOptions,
+    settings: TuneSettings,
+    out_dir: Path,
     on_trial: Callable[[optuna.Study, FrozenTrial], None] | None = None,
 ) -> TuneResult:
-    """Run (or resume) the study and render configs for the best layouts."""
-    if options.repeat < 1:
-        raise AutotuneError(f"--repeat: {options.repeat} runs per layout; give 1 or more")
+    """Run (or resume) the study in `out_dir` and render configs for the best layouts.
+
+    This is the search alone; `autotune.tune` (`autotune.run.tune`) adds the policy around it
+    (`run.json`, the report, the refit) and is what the CLI runs.
+
+    Args:
+        cfg: The model, cluster and training setup.
+        space: The search space (ep and etp resolved against the model here).
+        runner: Who measures each trial.
+        settings: How the study runs.
+        out_dir: Where the study, the trials and the rendered configs go.
+        on_trial: Called after every trial with (study, trial), e.g. for a progress bar.
+
+    Raises:
+        AutotuneError: no feasible layout, a runner that cannot run here, a study that exists
+            without `settings.resume` or was made for other inputs.
+    """
+    options = settings
     space = space.resolved(cfg)  # the study chooses ep and etp among the model's values
     k = constants_for(cfg.cluster.gpu)
     enumeration = enumerate_layouts(cfg, space, k)
     if not len(enumeration):
         raise AutotuneError(no_feasible_message(enumeration))
-    options.out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
     runner.check(cfg)
     proposer = Proposer(
         cfg, enumeration.feasible, k, seed=options.seed, warm_start=options.warm_start,
@@ -382,7 +381,7 @@ def tune(
     )
     sampler = ModelGuidedSampler(space, proposer)
     pruner = NoiseAwarePruner(tolerance=options.pruner_tolerance)
-    study, url, name, existed = _open_study(cfg, space, options, sampler, pruner)
+    study, url, name, existed = _open_study(cfg, space, options, out_dir, sampler, pruner)
     if existed:
         recovered = recover_interrupted(study)
         if recovered:
@@ -392,7 +391,7 @@ def tune(
     callbacks: list[Callable[[optuna.Study, FrozenTrial], None]] = [stop]
     if on_trial is not None:
         callbacks.append(on_trial)
-    objective = Objective(cfg, space, runner, k, options.out_dir, options.repeat)
+    objective = Objective(cfg, space, runner, k, out_dir, options.repeat)
 
     def optimize() -> None:
         study.optimize(
@@ -411,7 +410,7 @@ def tune(
     finally:
         runner.cleanup()
     records = trial_records(study)
-    result = TuneResult(name, url, options.out_dir, records, {})
+    result = TuneResult(name, url, out_dir, records, {})
     if not options.render:
         return result
     return dataclasses.replace(result, artifacts=render_winners(cfg, result, options.top_k))

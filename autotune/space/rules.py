@@ -13,7 +13,6 @@ import numpy as np
 
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.constants import constants_for
-from autotune.costmodel.memory import GIB
 from autotune.costmodel.memory import estimate_memory
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.costmodel.memory import usable_host_bytes
@@ -27,6 +26,7 @@ from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
+from autotune.units import GIB
 
 MEMORY_RULES: list[Rule] = []
 """The rules that need the memory model (they run last)."""
@@ -100,18 +100,35 @@ def structural_violations(cfg: AutotuneConfig, layout: Layout) -> list[tuple[str
     return violations(cfg, layout, memory=False)
 
 
+def first_broken(
+    cfg: AutotuneConfig, table: LayoutTable, k: Constants, *, memory: bool = True
+) -> np.ndarray:
+    """The index (in `rules_for` order) of the first rule each layout breaks, −1 where none.
+
+    The one walk over the rules: each rule is checked only on the layouts that broke none
+    before it (so the memory rules, last, estimate memory only for well-formed layouts);
+    `memory=False` stops before them.
+    """
+    first = np.full(len(table), -1)
+    open_rows = np.arange(len(table))
+    for index, r in enumerate(rules_for(cfg.train.framework)):
+        if not len(open_rows) or (r.group == RuleGroup.MEMORY and not memory):
+            break
+        candidates = table if len(open_rows) == len(table) else table.take(open_rows)
+        with np.errstate(divide="ignore", invalid="ignore"):  # dp = 0 when the grid is broken
+            broken = r.check(cfg, candidates, k)
+        first[open_rows[broken]] = index
+        open_rows = open_rows[~broken]
+    return first
+
+
 def apply_rules(
     cfg: AutotuneConfig, table: LayoutTable, k: Constants
 ) -> tuple[LayoutTable, dict[str, int]]:
     """The layouts of `table` that break no rule, and how many each rule removed (charged to
     the first rule a layout breaks)."""
-    removed: dict[str, int] = {}
-    for r in rules_for(cfg.train.framework):
-        if not len(table):
-            removed[r.name] = 0
-            continue
-        broken = r.check(cfg, table, k)
-        removed[r.name] = int(np.count_nonzero(broken))
-        if removed[r.name]:
-            table = table.take(~broken)
-    return table, removed
+    first = first_broken(cfg, table, k)
+    counts = np.bincount(first + 1, minlength=len(rules_for(cfg.train.framework)) + 1)[1:]
+    removed = {r.name: int(n) for r, n in zip(rules_for(cfg.train.framework), counts,
+                                               strict=True)}
+    return table.take(np.flatnonzero(first < 0)), removed

@@ -69,6 +69,10 @@ CP_MIN_TOKENS = 4096
 class SearchSpace(BaseModel):
     """Candidate values of each layout dimension (dp and gas are derived, never listed).
 
+    A bare `SearchSpace()` is a small custom space (its field defaults); the space a command
+    searches by default is the framework's bundled one, `load_space(None, framework)`
+    (`search_spaces/<framework>.yaml`), which may derive tp, pp, cp and vpp per problem.
+
     ep and etp may be `auto` (the default): their candidates then follow from the model and
     each candidate's pipeline degree instead of being multiplied out (`candidates`).
     """
@@ -155,7 +159,11 @@ def load_space(ref: str | None, framework: str) -> SearchSpace:
         raise AutotuneError(f"--space: {error}") from None
     if not isinstance(data, dict):
         raise AutotuneError(f"--space: {path} must be a mapping of dimension: [values]")
-    data.pop("framework", None)
+    made_for = data.pop("framework", None)
+    if made_for is not None and made_for != framework:
+        raise AutotuneError(f"--space: {path.name} is a space for {made_for!r}, not "
+                            f"{framework!r}; use --framework {made_for} or a space made for "
+                            f"{framework}")
     dims = data.get("dims", data)
     if not isinstance(dims, dict):
         raise AutotuneError(f"--space: {path}: dims must be a mapping of dimension: [values]")

@@ -8,6 +8,7 @@ from pydantic import StrictBool
 
 from autotune.specs.types import FROZEN
 from autotune.specs.types import DevicesPerNode
+from autotune.specs.types import GpuHourPrice
 from autotune.specs.types import GpuMemoryGiB
 from autotune.specs.types import HostMemoryGB
 from autotune.specs.types import LinkGBs
@@ -15,6 +16,7 @@ from autotune.specs.types import MemoryTBs
 from autotune.specs.types import NodeCount
 from autotune.specs.types import Precision
 from autotune.specs.types import TFlops
+from autotune.units import GIB
 
 
 class GPUSpec(BaseModel):
@@ -35,7 +37,7 @@ class GPUSpec(BaseModel):
     @property
     def memory_bytes(self) -> float:
         """Device memory in bytes (memory_gb read as GiB, as CUDA reports it)."""
-        return self.memory_gb * 2**30
+        return self.memory_gb * GIB
 
 
 class ClusterSpec(BaseModel):
@@ -61,6 +63,9 @@ class ClusterSpec(BaseModel):
     """Per-GPU host link bandwidth per direction, GB/s."""
     cpu_processes: StrictBool = False
     """True when the 'GPUs' are CPU processes on gloo (the `local` cluster without CUDA)."""
+    price_per_gpu_hour: GpuHourPrice | None = None
+    """What one GPU-hour of this cluster costs, in the currency of the plan (`autotune plan`
+    multiplies GPU-hours by it); None: not known (give `--price`)."""
 
     @property
     def world_size(self) -> int:

@@ -27,6 +27,7 @@ from autotune.specs.model import ModelSpec
 from autotune.specs.recipe import JobSpec
 from autotune.specs.recipe import RecipeSpec
 from autotune.specs.train import TrainSpec
+from autotune.units import GIB
 
 
 @cache
@@ -333,7 +334,7 @@ def local_cluster(processes: int | None = None) -> ClusterSpec:
     per_process_tflops = cpu_matmul_tflops() * max(1, cores // count)
     gpu = GPUSpec(
         name="cpu",
-        memory_gb=host_gb * 1e9 / 2**30 / count,
+        memory_gb=host_gb * 1e9 / GIB / count,
         peak_tflops={"fp32": per_process_tflops, "bf16": per_process_tflops / 6},
         hbm_tb_s=0.01,
     )
@@ -358,7 +359,7 @@ def _local_gpu_cluster(
             f"--processes: {processes} exceeds the {gpus} GPUs of this machine; use at most {gpus}"
         )
     count = processes or gpus
-    preset = gpu_preset_for(props.name, props.total_memory / 2**30)
+    preset = gpu_preset_for(props.name, props.total_memory / GIB)
     node = next(c for c in _presets("clusters").values() if c["gpu"] == preset)
     intra = float(node["intra_node_gb_s"])
     topology = _nvidia_smi_topology() if count > 1 else None
@@ -366,7 +367,7 @@ def _local_gpu_cluster(
     if links is not None:
         intra = links * NVLINK_GB_S if links else float(node["pcie_gb_s"])
     gpu = load_gpu(preset, "--cluster local").model_copy(
-        update={"memory_gb": props.total_memory / 2**30}  # what this device has, in GiB
+        update={"memory_gb": props.total_memory / GIB}  # what this device has, in GiB
     )
     return ClusterSpec(
         name="local",
@@ -384,47 +385,52 @@ def load_config(
     model: str,
     cluster: str,
     *,
-    seq_length: int | None = None,
-    global_batch_size: int | None = None,
-    precision: str | None = None,
-    framework: str | None = None,
     processes: int | None = None,
-    moe_token_dispatcher: str | None = None,
-    moe_a2a_overlap: bool | None = None,
     gbs_tokens: int | None = None,
     recipe: RecipeSpec | Mapping[str, Any] | None = None,
     job: JobSpec | Mapping[str, Any] | None = None,
+    **train: Any,
 ) -> AutotuneConfig:
-    """Model, cluster and training setup from CLI-style references; None takes the default.
+    """Model, cluster and training setup from CLI-style references.
 
-    `gbs_tokens` sets the global batch in tokens (sequences = tokens / seq, which must divide),
-    instead of `global_batch_size` in sequences. `recipe` and `job` are the config's `recipe:`
-    and `job:` sections.
+    Args:
+        model: A model preset, a YAML file in Megatron's names, or a Hugging Face config.json.
+        cluster: `NAME:NODES` of a cluster preset, a cluster YAML file, or `local`.
+        processes: Worker processes of `local` (default: its GPUs, or 2 CPU processes).
+        gbs_tokens: The global batch in tokens (sequences = tokens / seq, which must divide),
+            instead of `global_batch_size` in sequences.
+        recipe: The config's `recipe:` section (`RecipeSpec`).
+        job: The config's `job:` section (`JobSpec`).
+        **train: `TrainSpec` fields that override the preset's training setup (None: keep it).
+
+    Raises:
+        AutotuneError: an unknown preset, an unreadable file, or a setting out of bounds.
+
+    Example:
+        >>> cfg = load_config("llama3-8b", "dgx-h100:1", seq_length=8192)
+        >>> cfg.train.seq_length, cfg.world_size
+        (8192, 8)
     """
-    if gbs_tokens is not None and global_batch_size is not None:
+    if gbs_tokens is not None and train.get("global_batch_size") is not None:
         raise AutotuneError("--gbs-tokens: give the global batch in tokens or in sequences "
                             "(--gbs), not both")
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster, processes)
-    train: dict[str, Any] = {
+    setup: dict[str, Any] = {
         "seq_length": min(model_spec.max_position_embeddings, 4096),
         "global_batch_size": 512,
     }
-    train.update(default_train(model))
+    setup.update(default_train(model))
     if cluster_spec.cpu_processes:
-        train["precision"] = "fp32"
-    overrides = {
-        "seq_length": seq_length,
-        "global_batch_size": global_batch_size,
-        "precision": precision,
-        "framework": framework,
-        "moe_token_dispatcher": moe_token_dispatcher,
-        "moe_a2a_overlap": moe_a2a_overlap,
-    }
-    train.update({key: value for key, value in overrides.items() if value is not None})
+        setup["precision"] = "fp32"
+    unknown = sorted(set(train) - set(TrainSpec.model_fields))
+    if unknown:
+        raise AutotuneError(f"training setup: {unknown[0]} is not a TrainSpec field; choose one "
+                            f"of {', '.join(TrainSpec.model_fields)}")
+    setup.update({key: value for key, value in train.items() if value is not None})
     if gbs_tokens is not None:
-        train["global_batch_size"] = _sequences(gbs_tokens, int(train["seq_length"]))
-    train_spec = _build(TrainSpec, train, "training setup")
+        setup["global_batch_size"] = _sequences(gbs_tokens, int(setup["seq_length"]))
+    train_spec = _build(TrainSpec, setup, "training setup")
     if train_spec.precision not in cluster_spec.gpu.peak_tflops:
         supported = ", ".join(cluster_spec.gpu.peak_tflops)
         raise AutotuneError(

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+from typing import Any
 from typing import Literal
+from typing import Optional
 
 from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
 from pydantic import StrictBool
+from pydantic import create_model
 from pydantic import model_validator
 
 from autotune.specs.types import FROZEN
@@ -60,3 +66,22 @@ class TrainSpec(BaseModel):
     def tokens_per_step(self) -> int:
         """Tokens per optimizer step."""
         return self.seq_length * self.global_batch_size
+
+
+def _optional(name: str) -> tuple[Any, Any]:
+    """The field's type with its bounds (pydantic keeps them in `metadata`), or None."""
+    field = TrainSpec.model_fields[name]
+    bounded: Any = Annotated[(field.annotation, *field.metadata)] if field.metadata else (
+        field.annotation)
+    return Optional[bounded], Field(default=None, description=field.description)  # noqa: UP045
+
+
+TrainOverrides: type[BaseModel] = create_model(
+    "TrainOverrides",
+    __config__=ConfigDict(extra="forbid", frozen=True),
+    __doc__="Training settings a run changes from the model's preset: every `TrainSpec` field, "
+    "optional (None keeps the preset's or the default).",
+    **{name: _optional(name) for name in TrainSpec.model_fields},  # type: ignore[call-overload]
+)
+"""`TrainSpec`'s fields, each optional: what a run (a `Problem`, a CLI flag) may override. It is
+generated, so a new training setting is one field in `TrainSpec` and nothing else."""

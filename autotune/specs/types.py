@@ -101,6 +101,10 @@ HostMemoryGB = Annotated[
     FiniteFloat, Field(gt=0), at_most(2**24, "16 PB per node, 500x the largest servers")
 ]
 """Host memory, GB."""
+GpuHourPrice = Annotated[
+    FiniteFloat, Field(gt=0), at_most(1e4, "1,000x the list price of an H100 GPU-hour")
+]
+"""What one GPU-hour costs (any currency; plans multiply GPU-hours by it)."""
 
 
 ExpertCount = Annotated[

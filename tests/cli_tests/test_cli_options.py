@@ -1,7 +1,8 @@
-"""The CLI's options are pinned (as torchtitan's test_no_new_cli_options pins its flags).
+"""The CLI's options are pinned (as torchtitan's test_no_new_cli_options pins its flags), and
+each is generated from one config field.
 
-A new option is a change of the public interface: add it to RunConfig (or Problem) first, then
-here and to the README's Commands section.
+A new option is a change of the public interface: add the field to its config model (a
+`TrainSpec` field becomes a flag of every problem command), then pin it here.
 """
 
 from __future__ import annotations
@@ -11,22 +12,28 @@ import typer
 from autotune.cli.app import app
 from autotune.run import RunnerSettings
 
-PROBLEM = ["--cluster", "--framework", "--gbs", "--model", "--moe-a2a-overlap", "--moe-dispatcher",
-           "--no-moe-a2a-overlap", "--precision", "--processes", "--seq", "-c", "-m"]
+PROBLEM = ["--cluster", "--config", "--flash-attention", "--framework", "--gbs", "--model",
+           "--moe-a2a-overlap", "--moe-dispatcher", "--no-flash-attention",
+           "--no-moe-a2a-overlap", "--no-overlap-grad-reduce", "--no-tp-comm-overlap",
+           "--overlap-grad-reduce", "--precision", "--processes", "--seq", "--space",
+           "--tp-comm-overlap", "-c", "-m"]
 RUNNER = ["--account", "--command", "--hang-timeout", "--launcher", "--megatron-lm", "--noise",
           "--partition", "--runner", "--seed", "--slurm-opt", "--steps", "--time-limit",
           "--timeout"]
 PINNED = {
     "(global)": ["--debug", "--no-debug"],
-    "space": sorted([*PROBLEM, "--json", "--space", "--top"]),
+    "space": sorted([*PROBLEM, "--json", "--top"]),
     "estimate": sorted([*PROBLEM, "--json", "--layout", "-l"]),
     "render": sorted([*PROBLEM, "--layout", "--out", "-l"]),
     "tune": sorted([*PROBLEM, *RUNNER, "--jobs", "--json", "--no-resume", "--out", "--repeat",
-                    "--resume", "--scale", "--scale-gpus", "--scale-mode", "--space", "--storage",
+                    "--resume", "--scale", "--scale-gpus", "--scale-mode", "--storage",
                     "--study", "--top-k", "--trials"]),
     "scale": sorted([*PROBLEM, *RUNNER, "--gpus", "--json", "--layout", "--mode", "--out", "-l"]),
     "report": ["--out"],
     "compare": ["--out"],
+    "plan": sorted([*(o for o in PROBLEM if o != "--processes"), *RUNNER, "--budget",
+                    "--calibration", "--deadline", "--json", "--max-gbs-tokens", "--out",
+                    "--price", "--tokens", "--verify-sizes"]),
 }
 ARGUMENTS = {"report": ["directory"], "compare": ["dirs"]}
 
@@ -57,3 +64,23 @@ def test_tune_and_scale_take_every_runner_setting() -> None:
     group = typer.main.get_command(app)
     for command in ("tune", "scale"):
         assert flags <= set(_options(group.commands[command])), command
+
+
+def test_every_option_is_its_config_field() -> None:
+    """Oracle: the config models' own fields and docstrings. Every training setting is a flag
+    of every problem command, and each generated flag's help is its field's docstring, so an
+    option is declared once (in the config) and nowhere else."""
+    from autotune.cli.options import PROBLEM as PROBLEM_SECTION
+    from autotune.cli.options import TRAIN
+    from autotune.specs import TrainSpec
+
+    group = typer.main.get_command(app)
+    for name in ("space", "estimate", "render", "tune", "scale"):
+        command = group.commands[name]
+        helps = {o: p.help or "" for p in command.params for o in p.opts}
+        for section in (PROBLEM_SECTION, TRAIN):
+            for field, decls in section.options():
+                doc = " ".join((TrainSpec.model_fields.get(field) or
+                                section.model.model_fields[field]).description.split())
+                assert helps[decls[0]].startswith(doc), (name, decls[0])
+        assert {f for f, _ in TRAIN.options()} == set(TrainSpec.model_fields)

@@ -15,10 +15,10 @@ from autotune.run import Problem
 from autotune.run import RunConfig
 from autotune.run import RunnerSettings
 from autotune.run import ScaleSettings
-from autotune.run import TuneSettings
 from autotune.run import resume_command
 from autotune.run import scale
 from autotune.run import tune
+from autotune.search.settings import TuneSettings
 
 ECHO = "echo '{\"step_time_s\": 2.0}' # {trial_dir}"
 """A command-runner trial that measures 2 s per step."""
@@ -33,7 +33,7 @@ def test_framework_default_for_local_cpu_trials() -> None:
     assert RunConfig(problem=local).framework() == "megatron"
     with_checkout = RunnerSettings(name="local", megatron_lm="/opt/Megatron-LM")
     assert RunConfig(problem=local, runner=with_checkout).framework() == "megatron"
-    explicit = Problem(model="tiny-gpt", cluster="local", framework="megatron")
+    explicit = Problem(model="tiny-gpt", cluster="local", train={"framework": "megatron"})
     local_runner = RunnerSettings(name="local")
     assert RunConfig(problem=explicit, runner=local_runner).framework() == "megatron"
 
@@ -57,7 +57,8 @@ def test_simulated_study_writes_run_json_and_skips_the_refit(tmp_path: Path) -> 
     outcome = tune(config)
     info = json.loads((tmp_path / "run.json").read_text())
     assert info["runner"] == "simulate" and info["runner_options"] == {"noise": 0.05, "seed": 3}
-    assert info["options"] == {"trials": 3, "seed": 0, "jobs": 1, "top_k": 5}
+    # every study setting, so a run can be repeated from its record (repeat included)
+    assert info["options"] == {**TuneSettings().model_dump(mode="json"), "trials": 3}
     assert info["command"] == config.command
     assert outcome.ok and outcome.refit is None and outcome.scaled is None
     study = optuna.load_study(study_name=outcome.result.study_name,
@@ -111,3 +112,38 @@ def test_resume_command_repeats_the_command_line_once_with_resume() -> None:
                        command="autotune tune -m m -c c --command 'echo {x}' --resume")
     assert resume_command(config) == "autotune tune -m m -c c --command 'echo {x}' --resume"
     assert "resume = True" in resume_command(RunConfig(problem=Problem(model="m", cluster="c")))
+
+
+def test_a_run_repeats_from_its_own_record(tmp_path: Path) -> None:
+    """Oracle: the first run's Optuna study. `tune --config DIR/run.json` holds every setting of
+    the run (model, training, runner, study, repeat), so the second run measures the same
+    layouts with the same simulated figures."""
+    first = cli("tune", "-m", "llama3-8b", "-c", "dgx-h100:2", "--seq", "2048", "--trials", "3",
+                "--repeat", "2", "--runner", "simulate", "--noise", "0.1", "--seed", "4",
+                "--out", tmp_path / "a", "--json")
+    assert first.code == 0, first.err
+    record = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert record["config"]["tune"]["repeat"] == 2
+    assert record["config"]["problem"]["train"]["seq_length"] == 2048
+    again = cli("tune", "--config", tmp_path / "a" / "run.json", "--out", tmp_path / "b", "--json")
+    assert again.code == 0, again.err
+    runs = [json.loads(r.out)["best"] for r in (first, again)]
+    assert runs[0]["layout_id"] == runs[1]["layout_id"]
+    assert runs[0]["measured_tokens_per_s"] == runs[1]["measured_tokens_per_s"]
+
+
+def test_flags_override_the_config_file_and_bad_files_are_one_line(tmp_path: Path) -> None:
+    """Oracle: the file as written by hand; a flag wins over the file's value, and a file
+    field out of bounds is told as the flag it stands for."""
+    run = tmp_path / "run.yaml"
+    run.write_text("problem:\n  model: llama3-8b\n  cluster: dgx-h100:1\n"
+                   "  train: {seq_length: 8192, global_batch_size: 64}\n")
+    shown = json.loads(cli("space", "--config", run, "--seq", "4096", "--top", "1", "--json").out)
+    assert shown["inputs"]["train"]["seq_length"] == 4096
+    assert shown["inputs"]["train"]["global_batch_size"] == 64
+    run.write_text("problem:\n  model: llama3-8b\n  cluster: dgx-h100:1\n"
+                   "  train: {seq_length: -5}\n")
+    assert_usage_error(cli("space", "--config", run), "--seq", "greater than or equal to 1")
+    run.write_text("- just a list\n")
+    assert_usage_error(cli("space", "--config", run), "--config", "no mapping")
+    assert_usage_error(cli("space", "-c", "dgx-h100:1"), "--model", "required")

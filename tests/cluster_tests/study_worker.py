@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from autotune.runners.command import CommandRunner
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.space.search_space import load_space
 from autotune.specs.inputs import load_config
@@ -35,9 +35,9 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format=f"{os.environ.get('WORKER', '?')} %(message)s")
     sleep_s = os.environ.get("TRIAL_SLEEP_S", "3")
     runner = CommandRunner(f"sh {HERE / 'fake_trial.sh'} {{layout}} {sleep_s}", timeout_s=120)
-    options = TuneOptions(out_dir=out, trials=trials, storage=storage, study_name=study,
-                          resume="--resume" in argv, render=False)
-    result = tune(config(), load_space(str(SPACE_FILE), "megatron"), runner, options)
+    options = TuneSettings(trials=trials, storage=storage, study=study,
+                           resume="--resume" in argv, render=False)
+    result = tune(config(), load_space(str(SPACE_FILE), "megatron"), runner, options, out)
     ran = sum(1 for r in result.records if r.get("ran"))
     print(f"done: {ran} trials ran in the study", flush=True)
     return 0

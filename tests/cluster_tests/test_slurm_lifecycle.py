@@ -33,7 +33,7 @@ from autotune.measurement import Measurement
 from autotune.runners.slurm import JOB_FILE
 from autotune.runners.slurm import JobInfo
 from autotune.runners.slurm import SlurmRunner
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 
 HERE = Path(__file__).resolve().parent
@@ -55,9 +55,9 @@ def test_study_trains_layouts_on_slurm_two_at_a_time(tmp_path: Path,
     monkeypatch.setattr(slurm_client, "queue_states", counted)  # the poller asks squeue
     cfg = tiny_config()
     runner = SlurmRunner(poll_s=1.0, steps=4, warmup=1)
-    options = TuneOptions(out_dir=tmp_path, trials=2, jobs=2, warm_start=2, render=False,
-                          pruner_tolerance=1.0)  # the pruner test below prunes; here none
-    result = tune(cfg, SPACE, runner, options)
+    # the pruner test below prunes; here none
+    options = TuneSettings(trials=2, jobs=2, warm_start=2, render=False, pruner_tolerance=1.0)
+    result = tune(cfg, SPACE, runner, options, tmp_path)
     ran = [r for r in result.records if r.get("ran")]
     print("\n#  layout                          job  Slurm state  status  tokens/s  step s")
     for r in sorted(ran, key=lambda r: r["number"]):

@@ -16,7 +16,6 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from autotune.calibration.published import structural_violation
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.estimate import evaluate
 from autotune.costmodel.memory import MEMORY_PARTS
@@ -27,6 +26,7 @@ from autotune.layout import OFFLOADS
 from autotune.layout import RECOMPUTES
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
+from autotune.space.rules import first_broken
 from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
 from autotune.specs import TrainSpec
@@ -87,7 +87,7 @@ def legal(cfg: AutotuneConfig, candidates: list[Layout]) -> LayoutTable:
     table = LayoutTable.from_layouts(candidates)
     k = constants_for(cfg.cluster.gpu)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ok = structural_violation(cfg, table, k) < 0
+        ok = first_broken(cfg, table, k, memory=False) < 0
     return table.take(ok)
 
 

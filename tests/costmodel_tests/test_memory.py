@@ -9,11 +9,11 @@ from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.estimate import estimate
-from autotune.costmodel.memory import GIB
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.frameworks import get_framework
 from autotune.layout import Layout
 from autotune.specs.inputs import load_config
+from autotune.units import GIB
 
 K = Constants()
 

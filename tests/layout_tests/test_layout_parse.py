@@ -70,3 +70,15 @@ def test_numbers_are_whole_and_bounded(text: str, match: str) -> None:
     """Oracle: worked by hand for 8 GPUs and a global batch of 64 (dp = 8 at tp=1, so gas = 8)."""
     with pytest.raises(AutotuneError, match=match):
         Layout.parse(text, 8, 64, get_framework("megatron"))
+
+
+def test_the_expert_grid_is_owned_by_the_layout() -> None:
+    """Oracle: Megatron's expert grid worked by hand: 64 GPUs as tp2·pp2·dp16 with ep8, etp1:
+    one expert replica spans etp·ep·pp = 16 GPUs, so edp = 64/16 = 4 ranks hold the same
+    experts; the scalar and the columnar forms agree."""
+    from autotune.layout import LayoutTable
+
+    layout = Layout(tp=2, pp=2, dp=16, ep=8, etp=1, mbs=1, gas=1)
+    table = LayoutTable.from_layouts([layout])
+    assert layout.expert_grid == int(table.expert_grid[0]) == 16
+    assert layout.expert_data_parallel == int(table.expert_data_parallel[0]) == 4

@@ -351,7 +351,7 @@ def test_deepspeed_sbatch_uses_c10d_rendezvous(deepspeed_setup, fakes, tmp_path)
 @pytest.mark.parametrize("value", [EVIL, "a b", "$HOME", "x\ntouch pwned", "", "'"])
 def test_shquote_keeps_values_inert(value: str, tmp_path: Path) -> None:
     """Oracle: bash itself prints the quoted value back unchanged and runs nothing in it."""
-    quoted = templating._environment().filters["shquote"](value)
+    quoted = templating.environment().filters["shquote"](value)
     echoed = subprocess.run(["bash", "-c", f"printf '%s' {quoted}"], cwd=tmp_path,
                             capture_output=True, text=True)
     assert echoed.stdout == value

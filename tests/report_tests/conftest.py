@@ -13,7 +13,7 @@ from autotune.report.data import write_run_json
 from autotune.runners.base import TrialPlan
 from autotune.runners.simulate import SimulateRunner
 from autotune.scaling import sweep
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import default_study_name
 from autotune.search.study import tune
 from autotune.space.search_space import load_space
@@ -41,7 +41,7 @@ def make_study(folder: Path, trials: int = 8) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = tune(cfg, load_space(None, "megatron"), runner,
-                      TuneOptions(out_dir=folder, trials=trials, seed=0, storage=storage))
+                      TuneSettings(trials=trials, seed=0, storage=storage), folder)
     best = Layout(**result.ranked[0]["layout_fields"])
     sweep(cfg, best, [8, 16, 32, 64], "strong", SimulateRunner(noise=0.1, seed=3), folder)
     return folder

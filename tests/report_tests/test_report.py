@@ -144,7 +144,7 @@ def test_study_where_nothing_ran_ok(tmp_path: Path) -> None:
     sizes): no winner, one failure class of 3, and every plot still present with its empty-state
     text."""
     from autotune.report import write_run_json
-    from autotune.search.study import TuneOptions
+    from autotune.search.settings import TuneSettings
     from autotune.search.study import tune
     from autotune.space.search_space import load_space
 
@@ -152,7 +152,7 @@ def test_study_where_nothing_ran_ok(tmp_path: Path) -> None:
     storage = f"journal:{tmp_path / 'study.journal'}"
     write_run_json(tmp_path, study_name="all-oom", storage=storage, runner="simulate")
     tune(cfg, load_space(None, "megatron"), _AlwaysOOM(),
-         TuneOptions(out_dir=tmp_path, trials=3, storage=storage, study_name="all-oom"))
+         TuneSettings(trials=3, storage=storage, study="all-oom"), tmp_path)
     layout = Layout.parse("tp=2,zero=1", 8, 512, get_framework("megatron"))
     sweep(cfg, layout, [8, 16], "weak", _AlwaysOOM(), tmp_path)
     written = write_report(tmp_path)

@@ -15,7 +15,7 @@ from autotune.layout import Layout
 from autotune.measurement import Measurement
 from autotune.runners.base import TrialPlan
 from autotune.runners.local import LocalRunner
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.specs import AutotuneConfig
 from autotune.testing import run_trial
@@ -64,11 +64,9 @@ def test_failures_are_classified_and_the_study_completes(
     pin_trials(tmp_path, cfg, SPACE, layouts)
     runner = ScriptedRunner(steps=3, warmup=1, hang_timeout_s=20, startup_timeout_s=600)
     # no pruning by throughput: the 'pruned' trial is stopped by its scripted pruner
-    options = TuneOptions(
-        out_dir=tmp_path, trials=len(layouts), resume=True, top_k=0, pruner_tolerance=1.0
-    )
+    options = TuneSettings(trials=len(layouts), resume=True, top_k=0, pruner_tolerance=1.0)
 
-    result = tune(cfg, SPACE, runner, options)
+    result = tune(cfg, SPACE, runner, options, tmp_path)
 
     ran = {SCRIPT[r["layout_id"]]: r for r in result.records if r.get("ran")}
     print("\ntrial  layout                          status    step s  reason")

@@ -18,8 +18,8 @@ from helpers_runners import pin_trials
 
 from autotune.layout import Layout
 from autotune.runners.local import LocalRunner
+from autotune.search.settings import TuneSettings
 from autotune.search.storage import default_storage_url
-from autotune.search.study import TuneOptions
 from autotune.search.study import default_study_name
 from autotune.search.study import tune
 from autotune.specs import AutotuneConfig
@@ -36,11 +36,12 @@ import sys
 from pathlib import Path
 from helpers_runners import SPACE, tiny_config
 from autotune.runners.local import LocalRunner
-from autotune.search.study import TuneOptions, tune
+from autotune.search.settings import TuneSettings
+from autotune.search.study import tune
 
 out = Path(sys.argv[1])
 tune(tiny_config(), SPACE, LocalRunner(**{runner!r}),
-     TuneOptions(out_dir=out, trials=3, resume=True, top_k=0, pruner_tolerance=1.0))
+     TuneSettings(trials=3, resume=True, top_k=0, pruner_tolerance=1.0), out)
 """
 
 
@@ -109,7 +110,7 @@ def test_sigkill_mid_study_then_resume(tmp_path: Path, cfg: AutotuneConfig) -> N
         cfg,
         SPACE,
         LocalRunner(**RUNNER),
-        TuneOptions(out_dir=out, trials=3, resume=True, top_k=0, pruner_tolerance=1.0),
+        TuneSettings(trials=3, resume=True, top_k=0, pruner_tolerance=1.0), out,
     )
 
     records = {r["number"]: r for r in result.records}

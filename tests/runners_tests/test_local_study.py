@@ -13,7 +13,7 @@ from helpers_runners import pin_trials
 from autotune.calibration.refit import refit_study
 from autotune.layout import Layout
 from autotune.runners.local import LocalRunner
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.specs import AutotuneConfig
 
@@ -43,11 +43,10 @@ def test_study_measures_every_dimension_and_picks_the_fastest(
     per step / measured step time, and the study's best is the fastest measured trial."""
     pin_trials(tmp_path, cfg, SPACE, LAYOUTS)
     runner = LocalRunner(steps=3, warmup=1, hang_timeout_s=120, startup_timeout_s=600)
-    options = TuneOptions(
-        out_dir=tmp_path, trials=len(LAYOUTS), resume=True, top_k=1, pruner_tolerance=1.0
-    )  # measure every trial to the end
+    # measure every trial to the end
+    options = TuneSettings(trials=len(LAYOUTS), resume=True, top_k=1, pruner_tolerance=1.0)
 
-    result = tune(cfg, SPACE, runner, options)
+    result = tune(cfg, SPACE, runner, options, tmp_path)
 
     ran = [r for r in result.records if r.get("ran")]
     assert [r["layout_id"] for r in ran] == [lay.id for lay in LAYOUTS]

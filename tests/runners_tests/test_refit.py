@@ -9,7 +9,7 @@ from autotune.costmodel.constants import constants_for
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.layout import Layout
 from autotune.runners.simulate import SimulateRunner
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.space.search_space import load_space
 from autotune.specs.inputs import load_config
@@ -21,8 +21,8 @@ SPACE = load_space(None, "megatron")
 def test_fit_lowers_the_error_and_reranks_untried_layouts(tmp_path: Path) -> None:
     # the 'cluster' runs with constants the model does not know (seeded perturbation)
     runner = SimulateRunner(noise=0.3, seed=5)
-    options = TuneOptions(out_dir=tmp_path, trials=8, storage="memory", render=False)
-    result = tune(CFG, SPACE, runner, options)
+    options = TuneSettings(trials=8, storage="memory", render=False)
+    result = tune(CFG, SPACE, runner, options, tmp_path)
 
     report = refit_study(CFG, result.records, space=SPACE)
 
@@ -69,3 +69,26 @@ def test_memory_mismatches_are_flagged() -> None:
     assert flags[0].startswith("predicted to fit") and "ran out of memory" in flags[0]
     assert flags[1].startswith("predicted not to fit") and flags[1].endswith("but ran")
     assert not report.fitted and report.after == report.before  # no measured step times
+
+
+def test_the_report_shows_the_fit_that_ranked_the_trials(tmp_path: Path) -> None:
+    """Oracle: the proposer's own refit after the study's last trial. The refit report and the
+    search must hold the same constants for the same trials (one fit, `fit_trials`)."""
+    from autotune.search.proposal import Outcome
+    from autotune.search.proposal import Proposer
+    from autotune.space.search_space import enumerate_layouts
+
+    runner = SimulateRunner(noise=0.3, seed=7)
+    options = TuneSettings(trials=6, storage="memory", render=False)
+    result = tune(CFG, SPACE, runner, options, tmp_path)
+    report = refit_study(CFG, result.records, space=SPACE)
+
+    feasible = enumerate_layouts(CFG, SPACE).feasible
+    proposer = Proposer(CFG, feasible, constants_for(CFG.cluster.gpu))
+    ok = [Outcome(Layout(**r["layout_fields"]), "ok", float(r["measured_step_time_s"]))
+          for r in result.records if r.get("status") == "ok" and r.get("measured_step_time_s")]
+    searched, _ = proposer.fitted(ok)
+    assert report.fitted and len(ok) == 6
+    for name in report.names:
+        assert getattr(report.after, name) == getattr(searched, name), name
+    assert report.after != report.before

@@ -16,7 +16,7 @@ from autotune.measurement import validated
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.command import CommandRunner
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.space.search_space import load_space
 from autotune.specs.inputs import load_config
@@ -51,8 +51,7 @@ def test_a_command_printing_a_bad_figure_runs_each_layout_once(
     script.write_text(f"echo '{output}'\n")
     runner = CommandRunner(f"bash {script} {{layout}}", timeout_s=30)
 
-    result = tune(SMALL, SPACE, runner, TuneOptions(out_dir=tmp_path / "out", trials=2,
-                                                     render=False))
+    result = tune(SMALL, SPACE, runner, TuneSettings(trials=2, render=False), tmp_path / "out")
 
     study = optuna.load_study(study_name=result.study_name, storage=result.storage)
     trials = study.get_trials()
@@ -76,8 +75,8 @@ class _Raises(Runner):
 
 def test_a_runner_that_raises_makes_crash_trials_that_hold_their_layouts(tmp_path: Path) -> None:
     """Oracle: Optuna's storage (states, attributes) after a runner that always raises."""
-    result = tune(SMALL, SPACE, _Raises(), TuneOptions(out_dir=tmp_path, trials=3,
-                                                        storage="memory", render=False))
+    result = tune(SMALL, SPACE, _Raises(),
+        TuneSettings(trials=3, storage="memory", render=False), tmp_path)
     ran = [r for r in result.records if r.get("ran")]
     assert len(result.records) == len(ran) == 3
     assert all(r["state"] == "COMPLETE" and r["status"] == "crash" for r in ran)

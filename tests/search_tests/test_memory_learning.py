@@ -13,14 +13,14 @@ from autotune.layout import LayoutTable
 from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
-from autotune.search.memory_learning import GIB
 from autotune.search.memory_learning import MemoryParts
 from autotune.search.memory_learning import fit_memory
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.specs.inputs import load_config
+from autotune.units import GIB
 
 CFG = load_config("llama3-70b", "dgx-h100:8")
 K = constants_for(CFG.cluster.gpu)
@@ -110,8 +110,8 @@ def test_the_search_stops_walking_into_the_memory_edge(tmp_path: Path) -> None:
     assert (~fits[:10]).sum() >= 5
     best = float(enumeration.values["tokens_per_s"][fits].max())
 
-    result = tune(CFG, space, _HiddenMemory(), TuneOptions(out_dir=tmp_path, trials=10,
-                                                             storage="memory", render=False))
+    result = tune(CFG, space, _HiddenMemory(),
+        TuneSettings(trials=10, storage="memory", render=False), tmp_path)
 
     statuses = [r["status"] for r in result.records if r.get("ran")]
     assert len(statuses) == 10 and statuses.count("oom") <= 2, statuses

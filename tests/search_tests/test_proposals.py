@@ -15,7 +15,7 @@ from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.simulate import SimulateRunner
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.space.rules import violations
 from autotune.space.search_space import enumerate_layouts
@@ -35,8 +35,8 @@ def test_exploration_never_spends_a_trial_on_a_rule_breaking_layout(tmp_path: Pa
     """Oracle: the rules themselves (`violations`) and Optuna's records. Before, the TPE turn
     sampled the raw product space and both exploration turns of 14 in 15 runs hit a rule."""
     result = tune(CFG, SPACE, SimulateRunner(noise=0.1, seed=1),
-                  TuneOptions(out_dir=tmp_path, trials=12, storage="memory", render=False,
-                              explore_every=2))
+                  TuneSettings(trials=12, storage="memory", render=False, explore_every=2),
+                      tmp_path)
     assert len(result.records) == 12
     assert not [r for r in result.records if r["status"] == "infeasible"]
     explored = [r for r in result.records if r["proposal"]["reason"] == "explore"]
@@ -46,9 +46,8 @@ def test_exploration_never_spends_a_trial_on_a_rule_breaking_layout(tmp_path: Pa
 
 
 def _sequence(tmp_path: Path, seed: int, name: str) -> list[str]:
-    options = TuneOptions(out_dir=tmp_path / name, trials=8, storage="memory", render=False,
-                          explore_every=2, seed=seed)
-    result = tune(CFG, SPACE, SimulateRunner(noise=0.1, seed=7), options)
+    options = TuneSettings(trials=8, storage="memory", render=False, explore_every=2, seed=seed)
+    result = tune(CFG, SPACE, SimulateRunner(noise=0.1, seed=7), options, tmp_path / name)
     return [r["layout_id"] for r in _ran(result)]
 
 
@@ -65,7 +64,7 @@ def test_the_warm_start_measures_distinct_structural_families(tmp_path: Path) ->
     GPT-3 175B over 16 DGX A100 the model's top 4 are all one family."""
     cfg = load_config("gpt3-175b", "dgx-a100:16")
     result = tune(cfg, SPACE, SimulateRunner(noise=0.1, seed=2),
-                  TuneOptions(out_dir=tmp_path, trials=4, storage="memory", render=False))
+                  TuneSettings(trials=4, storage="memory", render=False), tmp_path)
     families = set()
     for r in _ran(result):
         f = r["layout_fields"]
@@ -111,7 +110,7 @@ def test_a_family_the_model_mis_ranks_is_measured_early(tmp_path: Path) -> None:
     assert next(i for i, t in enumerate(feasible) if _in_family(t)) > 60
 
     result = tune(cfg, SPACE, _MisRanked(),
-                  TuneOptions(out_dir=tmp_path, trials=6, storage="memory", render=False))
+                  TuneSettings(trials=6, storage="memory", render=False), tmp_path)
 
     ran = _ran(result)
     assert any(_in_family(Layout(**r["layout_fields"])) for r in ran[:4]), [
@@ -124,8 +123,7 @@ def test_repeat_runs_each_layout_the_asked_number_of_times(tmp_path: Path) -> No
     third time, and ranks each layout by the mean of its runs; without it no layout runs
     twice."""
     result = tune(CFG, SPACE, SimulateRunner(noise=0.1, seed=4),
-                  TuneOptions(out_dir=tmp_path, trials=6, storage="memory", render=False,
-                              repeat=2))
+                  TuneSettings(trials=6, storage="memory", render=False, repeat=2), tmp_path)
     ids = [r["layout_id"] for r in _ran(result)]
     assert len(ids) == 6 and ids[0::2] == ids[1::2] and len(set(ids)) == 3
     study = optuna.load_study(study_name=result.study_name, storage=result.storage) \

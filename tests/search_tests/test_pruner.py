@@ -13,7 +13,7 @@ from optuna.trial import create_trial
 
 from autotune.runners.command import CommandRunner
 from autotune.search.sampler import NoiseAwarePruner
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.space.search_space import load_space
 from autotune.specs.inputs import load_config
@@ -86,8 +86,7 @@ def test_noisy_trials_of_equal_speed_run_to_the_end(tmp_path: Path) -> None:
         "mbs": [1, 2], "recompute": ["selective"], "sp": [False]})
     cfg = load_config("gpt3-1.3b", "dgx-a100:1")
 
-    result = tune(cfg, space, runner, TuneOptions(out_dir=tmp_path / "out", trials=6,
-                                                   render=False))
+    result = tune(cfg, space, runner, TuneSettings(trials=6, render=False), tmp_path / "out")
 
     ran = [r for r in result.records if r.get("ran")]
     assert len(ran) == 6

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from optuna.trial import TrialState
 from autotune.exceptions import AutotuneError
 from autotune.runners.command import CommandRunner
 from autotune.runners.simulate import SimulateRunner
-from autotune.search.study import TuneOptions
+from autotune.search.settings import TuneSettings
 from autotune.search.study import recover_interrupted
 from autotune.search.study import tune
 from autotune.space.search_space import load_space
@@ -30,7 +29,7 @@ def test_tune_simulate_renders_winners(tmp_path: Path) -> None:
         CFG,
         SPACE,
         SimulateRunner(noise=0.1, seed=3),
-        TuneOptions(out_dir=tmp_path, trials=8, top_k=2),
+        TuneSettings(trials=8, top_k=2), tmp_path,
     )
     ran = [r for r in result.records if r.get("ran")]
     assert len(ran) == 8
@@ -48,14 +47,14 @@ def test_tune_simulate_renders_winners(tmp_path: Path) -> None:
 
 def test_a_queued_rule_breaking_layout_is_recorded_and_not_run(tmp_path: Path) -> None:
     """Oracle: tp·pp = 8·8 = 64 cannot divide 32 GPUs (worked by hand); Optuna's storage."""
-    options = TuneOptions(out_dir=tmp_path, trials=1, render=False)
-    first = tune(CFG, SPACE, SimulateRunner(), options)
+    options = TuneSettings(trials=1, render=False)
+    first = tune(CFG, SPACE, SimulateRunner(), options, tmp_path)
     study = optuna.load_study(study_name=first.study_name, storage=first.storage)
     study.enqueue_trial({"tp": 8, "pp": 8, "cp": 1, "vpp": 1, "zero": 1, "offload": "none",
                          "mbs": 1, "recompute": "none", "sp": True})
 
     result = tune(CFG, SPACE, SimulateRunner(),
-                  dataclasses.replace(options, resume=True, trials=2))
+                  options.model_copy(update={"resume": True, "trials": 2}), tmp_path)
 
     rejected = [r for r in result.records if r["status"] == "infeasible"]
     assert len(rejected) == 1 and rejected[0]["rule"] == "world_divisible_by_tp_pp_cp"
@@ -70,7 +69,7 @@ def test_parallel_jobs_do_not_duplicate_work(tmp_path: Path) -> None:
         CFG,
         SPACE,
         SimulateRunner(noise=0.05),
-        TuneOptions(out_dir=tmp_path, trials=10, jobs=3, render=False),
+        TuneSettings(trials=10, jobs=3, render=False), tmp_path,
     )
     ran = [r["layout_id"] for r in result.records if r.get("ran")]
     assert len(ran) == len(set(ran)) >= 10
@@ -78,13 +77,9 @@ def test_parallel_jobs_do_not_duplicate_work(tmp_path: Path) -> None:
 
 def test_resume_keeps_completed_trials_and_retries_interrupted(tmp_path: Path) -> None:
     """Oracle: Optuna's journal storage, with a RUNNING trial left as a killed worker would."""
-    options = TuneOptions(
-        out_dir=tmp_path,
-        trials=4,
-        render=False,
-        storage="journal:" + str(tmp_path / "journal.log"),
-    )
-    first = tune(CFG, SPACE, SimulateRunner(), options)
+    options = TuneSettings(trials=4, render=False,
+                           storage="journal:" + str(tmp_path / "journal.log"))
+    first = tune(CFG, SPACE, SimulateRunner(), options, tmp_path)
     study = optuna.load_study(
         study_name=first.study_name,
         storage=optuna.storages.JournalStorage(
@@ -95,12 +90,13 @@ def test_resume_keeps_completed_trials_and_retries_interrupted(tmp_path: Path) -
     abandoned = study.ask()
     abandoned.suggest_categorical("tp", list(SPACE.resolved(CFG).tp))  # as the study asks
     with pytest.raises(AutotuneError, match="--resume"):
-        tune(CFG, SPACE, SimulateRunner(), options)
+        tune(CFG, SPACE, SimulateRunner(), options, tmp_path)
     resumed = tune(
         CFG,
         SPACE,
         SimulateRunner(),
-        TuneOptions(**{**options.__dict__, "resume": True, "trials": 7}),
+        options.model_copy(update={"resume": True, "trials": 7}),
+        tmp_path,
     )
     numbers = {r["number"]: r for r in resumed.records}
     for r in first.records:
@@ -112,21 +108,17 @@ def test_resume_keeps_completed_trials_and_retries_interrupted(tmp_path: Path) -
 
 def test_resume_refuses_other_inputs(tmp_path: Path) -> None:
     """Oracle: the error message; 8 nodes are not the 4 the study was made for."""
-    options = TuneOptions(out_dir=tmp_path, trials=2, render=False)
-    tune(CFG, SPACE, SimulateRunner(), options)
+    options = TuneSettings(trials=2, render=False)
+    tune(CFG, SPACE, SimulateRunner(), options, tmp_path)
     other = load_config("llama3-8b", "dgx-h100:8")
     with pytest.raises(AutotuneError, match="other inputs"):
         tune(
             other,
             SPACE,
             SimulateRunner(),
-            TuneOptions(
-                **{
-                    **options.__dict__,
-                    "resume": True,
-                    "study_name": "llama3-8b-dgx-h100:4-megatron",
-                }
-            ),
+            options.model_copy(
+                update={"resume": True, "study": "llama3-8b-dgx-h100:4-megatron"}),
+            tmp_path,
         )
 
 
@@ -166,7 +158,7 @@ print(json.dumps({"step_time_s": 1.0 / layout["mbs"], "peak_memory_gb": 12.5}))
     )
     small = load_config("gpt3-1.3b", "dgx-a100:1")
     result = tune(
-        small, space, runner, TuneOptions(out_dir=tmp_path / "out", trials=6, render=False)
+        small, space, runner, TuneSettings(trials=6, render=False), tmp_path / "out"
     )
     by_zero = {}
     for r in result.records:
@@ -203,7 +195,7 @@ time.sleep(60)
         small,
         space,
         runner,
-        TuneOptions(out_dir=tmp_path / "o", trials=1, render=False, warm_start=1),
+        TuneSettings(trials=1, render=False, warm_start=1), tmp_path / "o",
     )
     assert result.records[0]["status"] == "timeout"
     pid = int(marker.read_text())
@@ -221,7 +213,7 @@ def test_unknown_placeholder_is_a_clear_error() -> None:
 def test_study_states_are_plain_optuna(tmp_path: Path) -> None:
     """Oracle: Optuna's own load_study and trial states."""
     result = tune(
-        CFG, SPACE, SimulateRunner(), TuneOptions(out_dir=tmp_path, trials=3, render=False)
+        CFG, SPACE, SimulateRunner(), TuneSettings(trials=3, render=False), tmp_path
     )
     study = optuna.load_study(study_name=result.study_name, storage=result.storage)
     assert study.best_trial.user_attrs["status"] == "ok"

@@ -236,3 +236,10 @@ def test_a_space_file_may_derive_only_the_parallel_degrees(tmp_path) -> None:
     bad.write_text("dims:\n  mbs: derived\n")
     with pytest.raises(AutotuneError, match="mbs cannot be 'derived'"):
         load_space(str(bad), "megatron")
+
+
+def test_a_space_made_for_another_framework_is_refused() -> None:
+    """Oracle: the bundled files' own `framework:` keys (megatron.yaml says megatron)."""
+    with pytest.raises(AutotuneError, match="a space for 'megatron', not 'deepspeed'"):
+        load_space("megatron", "deepspeed")
+    assert load_space("deepspeed", "deepspeed").name == "deepspeed"
