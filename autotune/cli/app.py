@@ -35,7 +35,9 @@ from rich.progress import TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from autotune.cli.options import JOB
 from autotune.cli.options import PROBLEM
+from autotune.cli.options import RECIPE
 from autotune.cli.options import RUNNER
 from autotune.cli.options import SCALE
 from autotune.cli.options import SWEEP
@@ -48,6 +50,8 @@ from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.estimate import estimate as estimate_layout
 from autotune.costmodel.estimate import row_estimate
 from autotune.exceptions import AutotuneError
+from autotune.frameworks import framework_of
+from autotune.layout import Layout
 from autotune.run import Problem
 from autotune.run import RunConfig
 from autotune.run import check_layout
@@ -60,6 +64,7 @@ from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.space.search_space import no_feasible_message
 from autotune.specs import AutotuneConfig
+from autotune.specs.inputs import position_warnings
 from autotune.specs.inputs import validation_message
 from autotune.specs.inputs import validation_problems
 from autotune.units import GIB
@@ -301,7 +306,7 @@ def estimate(
 
 
 @app.command()
-@with_options(*PROBLEM_OPTIONS, RUNNER, TUNE, SWEEP)
+@with_options(*PROBLEM_OPTIONS, RECIPE, RUNNER, TUNE, SWEEP)
 def tune(
     out: Annotated[Path | None, typer.Option(help="Output folder (study, trials, configs; "
                                              "default: autotune-out).")] = None,
@@ -442,11 +447,14 @@ def compare_command(
 
 
 @app.command()
-@with_options(*PROBLEM_OPTIONS)
+@with_options(*PROBLEM_OPTIONS, RECIPE, JOB)
 def render(
     layout: LayoutOpt,
     out: Annotated[Path, typer.Option(help="Folder for the configs.")],
     *,
+    from_layout: Annotated[str | None, typer.Option(
+        "--from", help="The layout you train with now (tp=..,pp=..): README.md says how to "
+                       "carry its checkpoints over and warns when the formats differ.")] = None,
     config: dict[str, Any],
 ) -> None:
     """Render ds_config.json / pretrain_gpt.sh / sbatch.sh and a manifest for one layout."""
@@ -458,7 +466,13 @@ def render(
         raise AutotuneError(
             "--layout: does not fit: " + "; ".join(f"{n}: {r}" for n, r in broken)
         )
-    written = write_artifacts(cfg, parsed, prepare_out(out))
+    current = None
+    if from_layout is not None:
+        current = Layout.parse(from_layout, cfg.world_size, cfg.train.global_batch_size,
+                               framework_of(cfg))
+    for line in position_warnings(cfg):
+        err_console.print(f"[yellow]warning:[/] {line}")
+    written = write_artifacts(cfg, parsed, prepare_out(out), from_layout=current)
     for name, path in written.items():
         console.print(f"{name}: {path}")
 

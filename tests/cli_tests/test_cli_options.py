@@ -12,7 +12,8 @@ import typer
 from autotune.cli.app import app
 from autotune.run import RunnerSettings
 
-PROBLEM = ["--cluster", "--config", "--flash-attention", "--framework", "--gbs", "--model",
+PROBLEM = ["--cluster", "--config", "--flash-attention", "--framework", "--gbs", "--gbs-tokens",
+           "--model",
            "--moe-a2a-overlap", "--moe-dispatcher", "--no-flash-attention",
            "--no-moe-a2a-overlap", "--no-overlap-grad-reduce", "--no-tp-comm-overlap",
            "--overlap-grad-reduce", "--precision", "--processes", "--seq", "--space",
@@ -20,18 +21,22 @@ PROBLEM = ["--cluster", "--config", "--flash-attention", "--framework", "--gbs",
 RUNNER = ["--account", "--command", "--hang-timeout", "--launcher", "--megatron-lm", "--noise",
           "--partition", "--runner", "--seed", "--slurm-opt", "--steps", "--time-limit",
           "--timeout"]
+RECIPE = ["--decay-style", "--distributed-timeout-minutes", "--lr", "--min-lr", "--train-tokens",
+          "--warmup-iters"]
+JOB = ["--account", "--container-image", "--partition", "--time"]
 PINNED = {
     "(global)": ["--debug", "--no-debug"],
     "space": sorted([*PROBLEM, "--json", "--top"]),
     "estimate": sorted([*PROBLEM, "--json", "--layout", "-l"]),
-    "render": sorted([*PROBLEM, "--layout", "--out", "-l"]),
-    "tune": sorted([*PROBLEM, *RUNNER, "--jobs", "--json", "--no-resume", "--out", "--repeat",
+    "render": sorted([*PROBLEM, *RECIPE, *JOB, "--from", "--layout", "--out", "-l"]),
+    "tune": sorted([*PROBLEM, *RECIPE, *RUNNER, "--jobs", "--json", "--no-resume", "--out", "--repeat",
                     "--resume", "--scale", "--scale-gpus", "--scale-mode", "--storage",
                     "--study", "--top-k", "--trials"]),
     "scale": sorted([*PROBLEM, *RUNNER, "--gpus", "--json", "--layout", "--mode", "--out", "-l"]),
     "report": ["--out"],
     "compare": ["--out"],
-    "plan": sorted([*(o for o in PROBLEM if o != "--processes"), *RUNNER, "--budget",
+    "plan": sorted([*(o for o in PROBLEM if o not in ("--processes", "--gbs-tokens")), *RUNNER,
+                    "--budget",
                     "--calibration", "--deadline", "--json", "--max-gbs-tokens", "--out",
                     "--price", "--tokens", "--verify-sizes"]),
 }
