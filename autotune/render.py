@@ -37,9 +37,15 @@ from autotune.frameworks.deepspeed import config as deepspeed_config
 from autotune.frameworks.deepspeed import hostfile
 from autotune.frameworks.megatron.args import megatron_args
 from autotune.frameworks.megatron.bundle import launch_script as megatron_launch_script
+from autotune.launchers import LAUNCH
+from autotune.launchers import manifests
 from autotune.layout import Layout
 from autotune.space.rules import structural_violations
 from autotune.specs import AutotuneConfig
+from autotune.specs import resolve_recipe
+from autotune.specs.inputs import position_warnings
+from autotune.templating import header
+from autotune.templating import render_template
 from autotune.templating import sbatch_directives
 from autotune.templating import version
 
@@ -100,7 +106,13 @@ def sbatch_script(
     )["sbatch.sh"]
 
 
-def _options_render(
+def _options_render(cfg: AutotuneConfig, layout: Layout, **options: Any) -> dict[str, str]:
+    """The framework's artifacts (no rule check: the callers that need one make it); `options`
+    are `_render_options`'."""
+    return framework_of(cfg).render(cfg, layout, _render_options(cfg, layout, **options))
+
+
+def _render_options(
     cfg: AutotuneConfig,
     layout: Layout,
     *,
@@ -113,12 +125,13 @@ def _options_render(
     megatron_lm: str = "/opt/Megatron-LM",
     train_iters: int = 20,
     trial: bool = False,
-) -> dict[str, str]:
-    """The framework's artifacts (no rule check: the callers that need one make it)."""
-    options: dict[str, str | None] = {
-        "job-name": job_name or f"autotune-{layout.id}", "partition": partition,
-        "account": account, "time": time_limit,
-    }
+) -> RenderOptions:
+    """The RenderOptions of a layout: checked #SBATCH lines (the arguments win over the config's
+    `job` section), placeholders for the unset site options, the container and the program."""
+    job = cfg.job
+    site = {"partition": partition or job.partition, "account": account or job.account,
+            "time": time_limit or job.time}
+    options: dict[str, str | None] = {"job-name": job_name or f"autotune-{layout.id}", **site}
     named: dict[str, str | None] = {
         key: value for key, value in options.items() if value is not None
     }
@@ -127,11 +140,12 @@ def _options_render(
         if not key.startswith("--"):
             raise AutotuneError(f"sbatch: extra option {item!r} must look like --key=value")
         named[key] = value if sep else None
-    render_options = RenderOptions(
+    return RenderOptions(
         directives=tuple(sbatch_directives(named)), gpus=not cfg.cluster.cpu_processes,
         program=program, megatron_lm=megatron_lm, train_iters=train_iters, trial=trial,
+        placeholders=tuple(key for key, value in site.items() if value is None),
+        container_image=job.container_image or "", container_mounts=",".join(job.container_mounts),
     )
-    return framework_of(cfg).render(cfg, layout, render_options)
 
 
 def render_artifacts(
@@ -203,12 +217,15 @@ def write_artifacts(
     megatron_lm: str = "/opt/Megatron-LM",
     train_iters: int = 20,
     trial: bool = False,
+    from_layout: Layout | None = None,
 ) -> dict[str, Path]:
     """Write the artifacts of one layout into `out_dir` (created if needed); scripts are +x.
 
-    Besides `render_artifacts`' files: layout.json (the layout's fields, text and id) and
-    manifest.json (inputs, layout, predicted memory and time breakdowns, measured figures,
-    autotune and library versions, and how to launch each script).
+    Besides `render_artifacts`' files: layout.json (the layout's fields, text and id),
+    manifest.json (inputs, layout, recipe, predicted memory and time breakdowns, measured
+    figures, autotune and library versions, and how to launch each script) and README.md (what
+    the folder is, how to launch it, what the training code must do, the recipe, and how to carry
+    the checkpoints of `from_layout` over).
 
     Args:
         cfg: Model, cluster and training setup.
@@ -223,6 +240,8 @@ def write_artifacts(
         train_iters: Default optimizer steps of a trial's pretrain_gpt.sh.
         trial: Render for autotune's short trials (synthetic data unless DATA_PATH is set)
             rather than for training (which needs the data variables).
+        from_layout: The layout the user trains with now, whose checkpoints README.md says how
+            to carry over (warning when the formats differ).
 
     Returns:
         File name → path of every file written.
@@ -232,6 +251,9 @@ def write_artifacts(
     out.mkdir(parents=True, exist_ok=True)
     files = render_artifacts(cfg, layout, job_name=job_name, program=program,
                              megatron_lm=megatron_lm, train_iters=train_iters, trial=trial)
+    if not cfg.cluster.cpu_processes:  # the manifests ask for GPUs
+        files.update(manifests(cfg, layout, _render_options(
+            cfg, layout, program=program, megatron_lm=megatron_lm, trial=trial)))
     predicted = estimate if estimate is not None else estimate_layout(cfg, layout)
     layout_doc = {**layout.to_dict(), "text": layout.text, "id": layout.id}
     files["layout.json"] = json.dumps(layout_doc, indent=2) + "\n"
@@ -243,16 +265,33 @@ def write_artifacts(
             "model": cfg.model.model_dump(mode="json"),
             "cluster": cfg.cluster.model_dump(mode="json"),
             "train": cfg.train.model_dump(mode="json"),
+            "recipe": cfg.recipe.model_dump(mode="json"),
+            "job": cfg.job.model_dump(mode="json"),
         },
+        "recipe": resolve_recipe(cfg).to_dict(),
         "layout": layout_doc,
         "predicted": _plain(predicted),
         "measured": _plain(measured),
-        "artifacts": sorted([*files, "manifest.json"]),
-        "launch": dict(framework_of(cfg).launch()),
+        "artifacts": sorted([*files, "manifest.json", "README.md"]),
+        "launch": {**framework_of(cfg).launch(),
+                   **{name: how for name, how in LAUNCH.items() if name in files}},
         "notes": framework_of(cfg).notes(cfg, layout),
     }
+    bundle = framework_of(cfg)
+    carry = bundle.carry_over(cfg, from_layout, layout) if from_layout is not None else []
+    if from_layout is not None:
+        manifest["checkpoints"] = {"format": bundle.checkpoint_format(layout),
+                                   "from_layout": from_layout.text, "carry_over": carry}
     manifest.update(_plain(dict(extra_manifest or {})))
     files["manifest.json"] = json.dumps(manifest, indent=2) + "\n"
+    recipe = resolve_recipe(cfg)
+    files["README.md"] = render_template(
+        "common/README.md.j2", **header(cfg, layout), framework=cfg.train.framework,
+        layout_id=layout.id, trial=trial, recipe=recipe, notices=position_warnings(cfg),
+        launch=manifest["launch"], obligations=bundle.notes(cfg, layout),
+        rows=recipe.rows(),
+        checkpoint_format=bundle.checkpoint_format(layout), carry_over=carry,
+        from_text=from_layout.text if from_layout is not None else "")
     paths: dict[str, Path] = {}
     for name, text in files.items():
         path = out / name

@@ -49,6 +49,8 @@ from autotune.space.rules import violations
 from autotune.specs import AutotuneConfig
 from autotune.specs import DevicesPerNode
 from autotune.specs import Integer
+from autotune.specs import JobSpec
+from autotune.specs import RecipeSpec
 from autotune.specs import at_most
 from autotune.specs.inputs import load_config
 from autotune.specs.train import TrainOverrides
@@ -98,6 +100,12 @@ class Problem(BaseModel):
     replace the preset's in every prediction."""
     ignore_calibration_mismatch: bool = False
     """Use --calibration even when it was made on another GPU type or software stack."""
+    gbs_tokens: Annotated[Integer, Field(ge=1)] | None = None
+    """The global batch in tokens instead of --gbs sequences (tokens / seq, which must divide)."""
+    recipe: RecipeSpec = RecipeSpec()
+    """Learning rate, schedule, token budget and intervals of the rendered configs."""
+    job: JobSpec = JobSpec()
+    """Slurm partition, account, time limit and container of the rendered sbatch.sh."""
 
     def overrides(self) -> dict[str, Any]:
         """The training settings this problem sets (the rest keep the preset's)."""
@@ -106,7 +114,8 @@ class Problem(BaseModel):
     def load(self, default_framework: str = "megatron") -> AutotuneConfig:
         """The model, cluster and training setup (presets and files read, overrides applied)."""
         train = {"framework": default_framework, **self.overrides()}
-        cfg = load_config(self.model, self.cluster, processes=self.processes, **train)
+        cfg = load_config(self.model, self.cluster, processes=self.processes,
+                          gbs_tokens=self.gbs_tokens, recipe=self.recipe, job=self.job, **train)
         if self.calibration is None:
             return cfg
         return apply_calibration(cfg, load_calibration(self.calibration), self.calibration,

@@ -7,7 +7,10 @@ scaling keeps the global batch so gas shrinks. Efficiency at N GPUs is
 notes' thresholds flag each point (>= 0.7 fine, 0.5-0.7 communication-limited, < 0.5
 communication-bound). The predicted step-time breakdown, normalised per GPU and per token, names
 the part that grew: with parts p_i in GPU·seconds per token, predicted efficiency is
-Σ p_i(base) / Σ p_i(N), so part i costs (p_i(N) − p_i(base)) / Σ p_i(N) of efficiency.
+Σ p_i(base) / Σ p_i(N), so part i costs (p_i(N) − p_i(base)) / Σ p_i(N) of efficiency. The
+parts fold into the causes a user acts on (`CAUSES`: communication, pipeline bubble, memory
+traffic, compute and recompute); a point below the fine threshold is flagged by the cause that
+cost most (`bubble-limited`, `communication-bound`, ...), never by communication alone.
 
 Example:
     >>> from autotune import Layout, load_config
@@ -44,12 +47,27 @@ MODES = ("weak", "strong")
 SCALING_JSON = "scaling.json"
 SCALING_CSV = "scaling.csv"
 FINE = "fine"
-LIMITED = "communication-limited"
-BOUND = "communication-bound"
 FINE_AT = 0.7
-"""Efficiency at or above which a point is fine."""
+"""Efficiency at or above which a point is fine (the field notes: below 0.7, look at what grew)."""
 BOUND_BELOW = 0.5
-"""Efficiency below which a point is communication-bound."""
+"""Efficiency below which a point is bound by its cause (the field notes: change the layout)."""
+
+CAUSES: dict[str, tuple[str, ...]] = {
+    "communication": ("tp_comm", "cp_comm", "pp_p2p", "dp_comm", "zero3_gather", "ep_comm"),
+    "bubble": ("pp_bubble",),
+    "memory": ("offload", "optimizer"),
+    "compute": ("compute",),
+}
+"""The causes of lost efficiency, each the step-time parts (`TIME_PARTS`) it sums: collectives
+and sends; the pipeline bubble; host-memory traffic and the optimizer step (memory-bound);
+compute, recompute included."""
+THRESHOLDS = (
+    f"efficiency = (tokens/s per GPU) / (the smallest size's); >= {FINE_AT} fine; "
+    f"{BOUND_BELOW}-{FINE_AT} <cause>-limited (look at it); < {BOUND_BELOW} <cause>-bound "
+    "(change the layout); the cause is the one whose predicted share per GPU and token grew "
+    "most: " + ", ".join(CAUSES)
+)
+"""The flags' meaning, printed with every scaling table."""
 
 PART_LABELS = {
     "compute": "compute",
@@ -69,16 +87,24 @@ CSV_COLUMNS = (
     "gpus", "nodes", "gpus_per_node", "dp", "gas", "global_batch_size", "status",
     "tokens_per_s", "tokens_per_s_per_gpu", "step_time_s", "tflops_per_gpu", "mfu",
     "peak_memory_gib", "predicted_tokens_per_s", "efficiency", "predicted_efficiency", "flag",
-    "grew", "grew_loss", "rule", "reason",
+    "cause", "grew", "grew_loss", *(f"lost_{cause}" for cause in CAUSES), "rule", "reason",
 )
 """Columns of scaling.csv, in order (stable)."""
 
 
-def flag_for(efficiency: float) -> str:
-    """fine (>= 0.7), communication-limited (0.5-0.7) or communication-bound (< 0.5)."""
+def flag_for(efficiency: float, cause: str = "") -> str:
+    """fine (>= 0.7), `<cause>-limited` (0.5-0.7) or `<cause>-bound` (< 0.5); `limited` /
+    `bound` alone when the model predicts no cause (the loss is measured only)."""
     if efficiency >= FINE_AT:
         return FINE
-    return LIMITED if efficiency >= BOUND_BELOW else BOUND
+    kind = "limited" if efficiency >= BOUND_BELOW else "bound"
+    return f"{cause}-{kind}" if cause else kind
+
+
+def cause_losses(losses: dict[str, float]) -> dict[str, float]:
+    """Efficiency (0-1) each cause costs: the sum of its parts' losses (`efficiency_losses`)."""
+    return {cause: sum(losses.get(name, 0.0) for name in parts)
+            for cause, parts in CAUSES.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +136,10 @@ class ScalingPoint:
     """The step-time part whose per-GPU, per-token share grew most against the base."""
     grew_loss: float | None = None
     """Efficiency (0-1) that the growth of `grew` costs, predicted."""
+    lost: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Efficiency (0-1) each cause (`CAUSES`) costs against the base, predicted."""
+    cause: str = ""
+    """The cause that costs most (empty when none grew)."""
     directory: str = ""
     """Where the point's files are, relative to the sweep's output folder."""
 
@@ -152,6 +182,7 @@ class ScalingResult:
             "runner": self.runner,
             "layout": {**self.layout.to_dict(), "text": self.layout.text, "id": self.layout.id},
             "base_gpus": base.gpus if base else None,
+            "thresholds": THRESHOLDS,
             "inputs": self.config.model_dump(mode="json"),
             "points": [p.to_dict() for p in self.points],
         }
@@ -163,6 +194,7 @@ class ScalingResult:
             data = p.to_dict()
             peak = data.pop("peak_memory_bytes")
             data["peak_memory_gib"] = peak / GIB if peak else None
+            data.update({f"lost_{cause}": p.lost.get(cause) for cause in CAUSES})
             rows.append({key: data.get(key) for key in CSV_COLUMNS})
         return rows
 
@@ -297,13 +329,18 @@ def _diagnose(points: list[ScalingPoint]) -> list[ScalingPoint]:
             p.gpus, p.global_batch_size)
         grew = max(losses, key=lambda name: losses[name])
         changed = p.gpus != base.gpus and predicted is not None and losses[grew] >= 1e-3
+        lost = cause_losses(losses) if p.gpus != base.gpus and predicted is not None else {}
+        cause = max(lost, key=lambda name: lost[name]) if lost else ""
+        cause = cause if cause and lost[cause] >= 1e-3 else ""
         out.append(dataclasses.replace(
             p,
             efficiency=efficiency,
             predicted_efficiency=predicted,
-            flag=flag_for(efficiency),
+            flag=flag_for(efficiency, cause),
             grew=grew if changed else "",
             grew_loss=losses[grew] if changed else None,
+            lost=lost,
+            cause=cause,
         ))
     return out
 
@@ -421,7 +458,7 @@ def text_table(result: ScalingResult | dict[str, Any]) -> str:
     """The sweep as a fixed-width text table (for logs, benchmarks and notes)."""
     data = result.to_dict() if isinstance(result, ScalingResult) else result
     head = ("GPUs", "nodes", "dp", "gas", "gbs", "status", "tokens/s", "tok/s/GPU", "eff",
-            "pred eff", "flag", "grew (eff lost)")
+            "pred eff", "flag", "grew (eff lost)", "lost to")
     lines = [head]
     for p in data["points"]:
         rate = p.get("tokens_per_s")
@@ -437,11 +474,17 @@ def text_table(result: ScalingResult | dict[str, Any]) -> str:
             f"{p['predicted_efficiency']:.2f}" if p.get("predicted_efficiency") is not None
             else "-",
             p.get("flag") or (p.get("rule") or p.get("reason", ""))[:40],
-            grew,
+            grew, lost_text(p.get("lost") or {}),
         ))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     return "\n".join(
-        "  ".join(cell.rjust(w) if i not in (5, 10, 11) else cell.ljust(w)
+        "  ".join(cell.rjust(w) if i not in (5, 10, 11, 12) else cell.ljust(w)
                   for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
         for row in lines
-    )
+    ) + "\n" + THRESHOLDS
+
+
+def lost_text(lost: dict[str, float]) -> str:
+    """The causes that cost at least 0.1% of efficiency, largest first: `bubble 40.0%, ...`."""
+    shown = sorted(((v, k) for k, v in lost.items() if v >= 1e-3), reverse=True)
+    return ", ".join(f"{cause} {value:.1%}" for value, cause in shown)

@@ -87,7 +87,8 @@ def calibrate_cluster(
                            gpu=_plain(cfg.cluster.gpu), devices=lost.devices,
                            points=lost.points)
     measured = measured_figures(cfg, points)
-    fitted, predicted = fit_kernels(measured, points, constants_for(cfg.cluster.gpu, cfg.train.software_stack))
+    base = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
+    fitted, predicted = fit_kernels(measured, points, base)
     screening = screen(points, {d.rank: d.host for d in devices}, margin)
     links = measured.cluster.intra_node_gb_s if cfg.cluster.cpu_processes else None
     calibration = Calibration(created=created, source="microbenchmarks",

@@ -39,7 +39,9 @@ from autotune.cli.intervals import interval_json
 from autotune.cli.intervals import interval_line
 from autotune.cli.intervals import tie_title
 from autotune.cli.intervals import vs_table
+from autotune.cli.options import JOB
 from autotune.cli.options import PROBLEM
+from autotune.cli.options import RECIPE
 from autotune.cli.options import RUNNER
 from autotune.cli.options import SCALE
 from autotune.cli.options import SWEEP
@@ -53,18 +55,23 @@ from autotune.costmodel.estimate import estimate as estimate_layout
 from autotune.costmodel.estimate import row_estimate
 from autotune.costmodel.uncertainty import prediction_interval
 from autotune.exceptions import AutotuneError
+from autotune.frameworks import framework_of
+from autotune.layout import Layout
 from autotune.run import Problem
 from autotune.run import RunConfig
 from autotune.run import check_layout
 from autotune.run import prepare_out
 from autotune.run import resume_command
 from autotune.runners.factory import figure_label
+from autotune.scaling import THRESHOLDS
+from autotune.scaling import lost_text
 from autotune.search.record import measured_figure
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.space.search_space import no_feasible_message
 from autotune.space.ties import rank_with_ties
 from autotune.specs import AutotuneConfig
+from autotune.specs.inputs import position_warnings
 from autotune.specs.inputs import validation_message
 from autotune.specs.inputs import validation_problems
 from autotune.units import GIB
@@ -181,21 +188,22 @@ def _records_table(title: str, records: list[dict[str, Any]], label: str) -> Tab
 
 def _scaling_table(result: Any) -> Table:
     label = figure_label(result.runner)
-    table = Table(title=f"{result.mode} scaling of {result.layout.id} ({label})")
-    for column in ("GPUs", "nodes", "dp", "gas", "status", "tokens/s", "tok/s/GPU",
-                   "efficiency", "flag / reason", "grew most"):
-        table.add_column(
-            column,
-            justify="left" if column in ("status", "flag / reason", "grew most") else "right",
-        )
+    table = Table(title=f"{result.mode} scaling of {result.layout.text} ({label})",
+                  caption=THRESHOLDS)
+    left = ("status", "flag / reason", "efficiency lost to", "grew most")
+    for column in ("GPUs", "nodes", "dp", "gas", "global batch", "status", "tokens/s",
+                   "tok/s/GPU", "efficiency", "flag / reason", "efficiency lost to",
+                   "grew most"):
+        table.add_column(column, justify="left" if column in left else "right")
     for p in result.points:
-        grew = f"{p.grew} (-{p.grew_loss:.1%})" if p.grew else ""
+        grew = f"{p.grew} ({p.grew_loss:.1%} lost)" if p.grew else ""
         table.add_row(
-            str(p.gpus), str(p.nodes), str(p.dp or "-"), str(p.gas or "-"), p.status,
+            str(p.gpus), str(p.nodes), str(p.dp or "-"), str(p.gas or "-"),
+            f"{p.global_batch_size:,}" if p.global_batch_size else "-", p.status,
             f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-",
             f"{p.tokens_per_s_per_gpu:,.0f}" if p.tokens_per_s else "-",
             f"{p.efficiency:.2f}" if p.efficiency is not None else "-",
-            p.flag or f"{p.rule} {p.reason}".strip(), grew,
+            p.flag or f"{p.rule} {p.reason}".strip(), lost_text(p.lost), grew,
         )
     return table
 
@@ -318,7 +326,7 @@ def estimate(
 
 
 @app.command()
-@with_options(*PROBLEM_OPTIONS, RUNNER, TUNE, SWEEP)
+@with_options(*PROBLEM_OPTIONS, RECIPE, RUNNER, TUNE, SWEEP)
 def tune(
     out: Annotated[Path | None, typer.Option(help="Output folder (study, trials, configs; "
                                              "default: autotune-out).")] = None,
@@ -459,11 +467,14 @@ def compare_command(
 
 
 @app.command()
-@with_options(*PROBLEM_OPTIONS)
+@with_options(*PROBLEM_OPTIONS, RECIPE, JOB)
 def render(
     layout: LayoutOpt,
     out: Annotated[Path, typer.Option(help="Folder for the configs.")],
     *,
+    from_layout: Annotated[str | None, typer.Option(
+        "--from", help="The layout you train with now (tp=..,pp=..): README.md says how to "
+                       "carry its checkpoints over and warns when the formats differ.")] = None,
     config: dict[str, Any],
 ) -> None:
     """Render ds_config.json / pretrain_gpt.sh / sbatch.sh and a manifest for one layout."""
@@ -475,7 +486,13 @@ def render(
         raise AutotuneError(
             "--layout: does not fit: " + "; ".join(f"{n}: {r}" for n, r in broken)
         )
-    written = write_artifacts(cfg, parsed, prepare_out(out))
+    current = None
+    if from_layout is not None:
+        current = Layout.parse(from_layout, cfg.world_size, cfg.train.global_batch_size,
+                               framework_of(cfg))
+    for line in position_warnings(cfg):
+        err_console.print(f"[yellow]warning:[/] {line}")
+    written = write_artifacts(cfg, parsed, prepare_out(out), from_layout=current)
     for name, path in written.items():
         console.print(f"{name}: {path}")
 

@@ -31,6 +31,8 @@ from autotune.run import ScaleSettings
 from autotune.runners.factory import RunnerSettings
 from autotune.search.settings import TuneSettings
 from autotune.specs.inputs import read_structured
+from autotune.specs.recipe import JobSpec
+from autotune.specs.recipe import RecipeSpec
 from autotune.specs.train import TrainOverrides
 from autotune.specs.train import TrainSpec
 
@@ -61,11 +63,19 @@ class Section:
 
 
 PROBLEM = Section(("problem",), Problem, {"model": ("--model", "-m"),
-                                          "cluster": ("--cluster", "-c")}, skip=("train",))
+                                          "cluster": ("--cluster", "-c")},
+                  skip=("train", "recipe", "job"))
 TRAIN = Section(("problem", "train"), TrainOverrides,
                 {"seq_length": ("--seq",), "global_batch_size": ("--gbs",),
                  "moe_token_dispatcher": ("--moe-dispatcher",)},
                 defaults_from=TrainSpec)
+RECIPE = Section(("problem", "recipe"), RecipeSpec,
+                 skip=tuple(name for name in RecipeSpec.model_fields if name not in (
+                     "lr", "min_lr", "warmup_iters", "decay_style", "train_tokens",
+                     "distributed_timeout_minutes")))
+"""The recipe's common fields as flags (the rest: the config file's `recipe:` section)."""
+JOB = Section(("problem", "job"), JobSpec, skip=("container_mounts",))
+"""sbatch.sh's partition, account, time and container image as flags."""
 RUNNER = Section(("runner",), RunnerSettings,
                  {"name": ("--runner",), "timeout_s": ("--timeout",),
                   "hang_timeout_s": ("--hang-timeout",), "slurm_opts": ("--slurm-opt",)})

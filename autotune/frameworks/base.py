@@ -77,28 +77,6 @@ def rule(into: list[Rule], name: str, reason: str, group: RuleGroup) -> Callable
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Optimizer:
-    """The optimizer settings both frameworks' rendered configs train with (AdamW)."""
-
-    lr: float = 3.0e-4
-    """Peak learning rate."""
-    min_lr: float = 3.0e-5
-    """Floor of the cosine decay (Megatron)."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    """AdamW betas."""
-    eps: float = 1.0e-8
-    """AdamW epsilon."""
-    weight_decay: float = 0.1
-    """Decoupled weight decay."""
-    clip_grad: float = 1.0
-    """Global gradient-norm clip."""
-
-
-ADAMW = Optimizer()
-"""The settings every rendered config uses."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class RenderOptions:
     """How the artifacts of a layout are rendered (defaults: ready to train, not a trial)."""
 
@@ -114,11 +92,20 @@ class RenderOptions:
     """Default optimizer steps of a trial script."""
     trial: bool = False
     """Render for autotune's short trials (synthetic data by default), not for training."""
+    placeholders: tuple[str, ...] = ()
+    """sbatch options the site must fill (`partition`, `account`, `time`): disabled lines."""
+    container_image: str = ""
+    """pyxis `--container-image` of the srun tasks ('' for none)."""
+    container_mounts: str = ""
+    """pyxis `--container-mounts` besides the artifacts folder (comma-separated)."""
 
     @property
     def sbatch(self) -> dict[str, Any]:
         """The template values of sbatch.sh's shared part."""
-        return {"directives": list(self.directives), "gpus": self.gpus}
+        return {"directives": list(self.directives), "gpus": self.gpus,
+                "placeholders": list(self.placeholders),
+                "container_image": self.container_image,
+                "container_mounts": self.container_mounts}
 
 
 class Framework(abc.ABC):
@@ -207,6 +194,21 @@ class Framework(abc.ABC):
 
     def notes(self, cfg: AutotuneConfig, layout: Layout) -> list[str]:
         """What a user must know to run this layout (for the manifest)."""
+        return []
+
+    def node_command(self, options: RenderOptions) -> str:
+        """The bash command that starts one node's processes, as sbatch.sh's srun task does,
+        from NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, GPUS_PER_NODE and ARTIFACTS_DIR (the
+        Kubernetes and SkyPilot manifests set them)."""
+        raise NotImplementedError(f"{self.name} renders no launcher manifests")
+
+    def checkpoint_format(self, layout: Layout) -> str:
+        """The format the layout's training saves its checkpoints in."""
+        return "native"
+
+    def carry_over(self, cfg: AutotuneConfig, old: Layout, new: Layout) -> list[str]:
+        """How to resume the checkpoints of a run on layout `old` with layout `new`, one step a
+        line; a line starting with `WARNING:` when the formats differ."""
         return []
 
     def checkout_trial_args(self, steps: int) -> list[str]:

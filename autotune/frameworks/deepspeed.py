@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from collections.abc import Mapping
 from typing import Any
 from typing import ClassVar
@@ -26,7 +27,6 @@ import numpy as np
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.sharding import params_on_rank
 from autotune.costmodel.terms import StageSplit
-from autotune.frameworks.base import ADAMW
 from autotune.frameworks.base import Framework
 from autotune.frameworks.base import RenderOptions
 from autotune.frameworks.base import Rule
@@ -36,6 +36,8 @@ from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
+from autotune.specs import resolve_recipe
+from autotune.specs.inputs import position_warnings
 from autotune.templating import header
 from autotune.templating import render_template
 from autotune.templating import version
@@ -238,14 +240,15 @@ class DeepSpeed(Framework):
     ) -> dict[str, str]:
         """ds_config.json, launch_deepspeed.sh, hostfile and sbatch.sh."""
         program = (options.program or TrainProgram()).context()
+        shared = {**header(cfg, layout), **program, "obligations": self.notes(cfg, layout),
+                  "recipe": resolve_recipe(cfg), "notices": position_warnings(cfg)}
         return {
             "ds_config.json": json.dumps(config(cfg, layout), indent=2) + "\n",
             "launch_deepspeed.sh": render_template(
-                "deepspeed/launch_deepspeed.sh.j2", **header(cfg, layout), **program,
+                "deepspeed/launch_deepspeed.sh.j2", **shared,
                 tokens_per_iteration=layout.global_batch_size * cfg.train.seq_length),
             "hostfile": hostfile(cfg),
-            "sbatch.sh": render_template("deepspeed/sbatch.sh.j2", **header(cfg, layout),
-                                         **options.sbatch, **program),
+            "sbatch.sh": render_template("deepspeed/sbatch.sh.j2", **shared, **options.sbatch),
         }
 
     def launch(self) -> Mapping[str, str]:
@@ -259,8 +262,55 @@ class DeepSpeed(Framework):
             "sbatch.sh": "cd <this folder> && TRAIN_SCRIPT=<your script> sbatch sbatch.sh",
         }
 
+    def node_command(self, options: RenderOptions) -> str:
+        """torchrun of the training program with ds_config.json, node 0 as master (the
+        processes, config and layout flags of sbatch.sh's torchrun); TRAIN_SCRIPT names the
+        program."""
+        program = options.program or TrainProgram()
+        parts = ['exec torchrun --nproc_per_node "$GPUS_PER_NODE" --nnodes "$NNODES"',
+                 '--node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR"',
+                 '--master_port "$MASTER_PORT"']
+        if program.module:
+            parts.append("--module")
+        parts.append('"$TRAIN_SCRIPT"')  # the manifests set it (default: the program's script)
+        parts += [shlex.quote(arg) for arg in program.args]
+        parts.append(f'{shlex.quote(program.config_flag)} "$ARTIFACTS_DIR/ds_config.json"')
+        if program.layout_flag is not None:
+            parts.append(f'{shlex.quote(program.layout_flag)} "$ARTIFACTS_DIR/layout.json"')
+        return " ".join(parts)
+
+    def checkpoint_format(self, layout: Layout) -> str:
+        """engine.save_checkpoint's ZeRO checkpoint, partitioned by this layout's ranks."""
+        return f"zero{layout.zero} (dp {layout.dp}, tp {layout.tp}, pp {layout.pp})"
+
+    def carry_over(self, cfg: AutotuneConfig, old: Layout, new: Layout) -> list[str]:
+        """A ZeRO checkpoint holds one partition per rank of the layout that saved it; DeepSpeed's
+        universal checkpoint (deepspeed/checkpoint/ds_to_universal.py, loaded with
+        `"checkpoint": {"load_universal": true}`, runtime/constants.py) re-partitions it for
+        another dp, tp, pp or ZeRO stage."""
+        if old == new:
+            return ["same layout: engine.load_checkpoint(<the old run's folder>) as it is"]
+        grid = ("dp", "tp", "pp", "cp", "zero", "ep")
+        if all(getattr(old, name) == getattr(new, name) for name in grid):
+            return ["same partitioning (dp, tp, pp, cp, zero, ep): engine.load_checkpoint(<the "
+                    "old run's folder>) as it is"]
+        return [
+            f"WARNING: the old run's checkpoint is partitioned for {self.checkpoint_format(old)}, "
+            f"this layout needs {self.checkpoint_format(new)}: convert it to a universal "
+            "checkpoint first",
+            "python -m deepspeed.checkpoint.ds_to_universal --input_folder <old>/<tag> "
+            "--output_folder <old>/<tag>_universal (then write <tag>_universal into <old>/latest)",
+            'add "checkpoint": {"load_universal": true} to ds_config.json for the first run, '
+            "then engine.load_checkpoint(<old>)",
+        ]
+
     def notes(self, cfg: AutotuneConfig, layout: Layout) -> list[str]:
-        notes = []
+        """What the user's training script must do for this layout: ds_config.json sets the
+        engine, not the model code, the data sharding or the process groups (DeepSpeed 0.19:
+        runtime/pipe/, sequence/layer.py, module_inject/auto_tp.py, moe/layer.py)."""
+        notes = ["initialize: deepspeed.initialize(model=..., model_parameters=..., config=<this "
+                 "folder>/ds_config.json) builds the optimizer and the lr scheduler of the recipe "
+                 "(pass no optimizer of your own); call engine.step() once per micro-batch"]
         if cfg.train.precision == "fp8":
             notes.append("fp8: DeepSpeed has no fp8 config; ds_config.json trains in bf16, use "
                          "Transformer Engine layers in the model for fp8 GEMMs")
@@ -268,12 +318,20 @@ class DeepSpeed(Framework):
             notes.append("tp: AutoTP needs Hugging Face / Llama-style module names or "
                          "tensor_parallel.preset_model; give deepspeed.initialize an mpu whose "
                          "data-parallel size is dp so train_batch_size = mbs·dp·gas holds")
+        if layout.tp > 1 or layout.cp > 1:
+            notes.append(f"data: shard the samples by the data-parallel rank (0..{layout.dp - 1}, "
+                         "the mpu's get_data_parallel_rank()), not the global rank: the "
+                         f"{layout.tp * layout.cp} ranks of one replica must read the same batch "
+                         "(DistributedSampler(num_replicas=dp, rank=dp_rank))")
         if layout.cp > 1:
-            notes.append("cp: Ulysses needs deepspeed.sequence.layer.DistributedAttention in the "
-                         "model and parallel_state_sp as mpu")
+            notes.append("cp: Ulysses needs deepspeed.sequence.layer.DistributedAttention around "
+                         "the attention core and deepspeed.runtime.sequence_parallel."
+                         "parallel_state_sp as mpu; each cp rank feeds its 1/cp slice of every "
+                         "sequence")
         if layout.pp > 1:
-            notes.append(f"pp: build deepspeed.pipe.PipelineModule(num_stages={layout.pp}, "
-                         "partition_method='uniform') and train with engine.train_batch()")
+            notes.append(f"pp: build deepspeed.pipe.PipelineModule(layers=..., num_stages="
+                         f"{layout.pp}, partition_method='uniform', loss_fn=...) and train with "
+                         "engine.train_batch(data_iter), which runs the gas micro-batches itself")
         if cfg.model.moe:
             notes.append("MoE: build each MoE MLP as deepspeed.moe.layer.MoE(hidden_size, expert, "
                          f"num_experts={cfg.model.num_experts}, ep_size={layout.ep}, "
@@ -281,7 +339,9 @@ class DeepSpeed(Framework):
                          "and splits the optimizer's MoE parameter groups itself")
         if layout.recompute == "full" and layout.pp == 1:
             notes.append("recompute=full: checkpoint every decoder layer in the model code "
-                         "(deepspeed.checkpointing.checkpoint or torch.utils.checkpoint)")
+                         "(deepspeed.checkpointing.checkpoint or torch.utils.checkpoint, e.g. "
+                         "model.gradient_checkpointing_enable() in transformers); ds_config.json "
+                         "cannot turn it on outside a PipelineModule")
         return notes
 
 
@@ -304,8 +364,14 @@ def config(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
     grid does this for pp; for cp alone DeepSpeed divides the world by `sequence_parallel_size`).
     `pipeline.stages`/`partition` are what the training code gives `PipelineModule(num_stages=,
     partition_method=)`; the engine itself reads `activation_checkpoint_interval`.
+
+    The recipe (`resolve_recipe`) becomes the optimizer and a `scheduler`
+    (deepspeed/runtime/lr_schedules.py): cosine is `WarmupCosineLR` (linear warm-up from 0,
+    cosine down to min_lr/lr of the peak), linear `WarmupDecayLR` (DeepSpeed decays it to 0, not
+    to min_lr), constant `WarmupLR`; each counts `decay_iters` optimizer steps, warm-up included.
     """
     bucket = int(bucket_elements(_params_per_rank(cfg, layout)))
+    recipe = resolve_recipe(cfg)
     context: dict[str, Any] = {
         "train_batch_size": layout.global_batch_size,
         "micro_batch": layout.mbs,
@@ -323,11 +389,15 @@ def config(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
         "tp": layout.tp,
         "cp": layout.cp,
         "full_recompute": layout.recompute == "full",
-        "lr": ADAMW.lr,
-        "betas": list(ADAMW.betas),
-        "eps": ADAMW.eps,
-        "weight_decay": ADAMW.weight_decay,
-        "clip_grad": ADAMW.clip_grad,
+        "lr": recipe.lr,
+        "betas": [recipe.adam_beta1, recipe.adam_beta2],
+        "eps": recipe.adam_eps,
+        "weight_decay": recipe.weight_decay,
+        "clip_grad": recipe.clip_grad,
+        "decay_style": recipe.decay_style,
+        "warmup_iters": recipe.warmup_iters,
+        "decay_iters": recipe.decay_length,
+        "min_ratio": recipe.min_lr / recipe.lr,
         "steps_per_print": 1,
         # AutoTP finds Llama-style module names with the llama preset
         "autotp_preset": "llama" if cfg.model.gated else None,

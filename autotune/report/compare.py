@@ -135,21 +135,24 @@ def _table(rows: list[dict[str, Any]], out: Path) -> Table:
     columns: list[list[str]] = []
     for row in rows:
         i, b, s = row["inputs"], row["best"] or {}, row["scaling"]
-        scaling = efficiency = "–"
+        scaling = efficiency = mode = "–"
         if s and s["largest_gpus"]:
+            mode = s["mode"]
             scaling = f"{s['mode']}, {s['base_gpus']} → {s['largest_gpus']} GPUs"
             efficiency = f"{s['efficiency_at_largest']:.2f} ({s['flag_at_largest']})"
         page = "plan.md" if row["kind"] == "plan" else "report.md"
         report = Path(os.path.relpath(Path(row["directory"]) / page, out)).as_posix()
         columns.append([
             i["model"], i["cluster"], f"{i['gpus'] or '–'} × {i['gpu']}", i["framework"],
-            i["runner"] or "–", i["figures"], b.get("short", "–"), b.get("source", "–"),
+            i["runner"] or "–", i["figures"], mode, f"{i['seq_length']:,}", _batch(row),
+            i["precision"], b.get("short", "–"), b.get("source", "–"),
             num(b.get("tokens_per_s")), num(b.get("tokens_per_s_per_gpu")),
             tflops(b.get("tflops_per_gpu")), pct(b.get("mfu")),
             num(b.get("peak_memory_gib"), 1), num(b.get("days"), 1), num(b.get("cost")),
             scaling, efficiency, report,
         ])
-    labels = ["model", "cluster", "GPUs", "framework", "runner", "figures", "best layout", "from",
+    labels = ["model", "cluster", "GPUs", "framework", "runner", "figures", "scaling mode",
+              "sequence length", "global batch (sequences)", "precision", "best layout", "from",
               "tokens/s", "tokens/s per GPU", "TFLOP/s per GPU", "MFU", "peak memory (GiB)",
               "days to train (plan)", "cost (plan)", "scaling sweep",
               "efficiency at largest size", "report"]
@@ -157,6 +160,36 @@ def _table(rows: list[dict[str, Any]], out: Path) -> Table:
     for k, label in enumerate(labels):
         table.rows.append([label, *[column[k] for column in columns]])
     return table
+
+
+def _batch(row: dict[str, Any]) -> str:
+    """The run's global batch in sequences; a sweep's at its smallest and largest sizes that ran
+    (a weak sweep grows it with the GPUs)."""
+    scaling = row["scaling"]
+    if not (scaling and scaling["largest_gpus"]):
+        return f"{row['inputs']['global_batch_size']:,}"
+    ran = [p for p in scaling["points"] if p.get("efficiency") is not None]
+    first, last = ran[0]["global_batch_size"], ran[-1]["global_batch_size"]
+    return f"{first:,}" if first == last else f"{first:,} → {last:,}"
+
+
+def caveats(rows: list[dict[str, Any]]) -> list[str]:
+    """Why the runs' figures are not like for like: different scaling modes, sequence lengths,
+    global batches or precisions (each named with the runs' values)."""
+    notes = []
+    modes = {row["scaling"]["mode"] for row in rows if row["scaling"]}
+    if len(modes) > 1:
+        notes.append("weak and strong sweeps side by side: a weak sweep grows the global batch "
+                     "with the GPUs, a strong one keeps it, so their efficiencies answer "
+                     "different questions")
+    for key, label in (("seq_length", "sequence lengths"),
+                       ("global_batch_size", "global batches"), ("precision", "precisions")):
+        values = sorted({_batch(row) if key == "global_batch_size" else str(row["inputs"][key])
+                         for row in rows})
+        if len(values) > 1:
+            notes.append(f"different {label} ({', '.join(values)}): throughput per GPU and MFU "
+                         "are not like for like")
+    return notes
 
 
 def _efficiency_table(rows: list[dict[str, Any]]) -> Table | None:
@@ -202,7 +235,7 @@ def compare(dirs: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:
     for name, svg in svgs.items():
         written[f"plots/{name}.svg"] = out / "plots" / f"{name}.svg"
         written[f"plots/{name}.svg"].write_text(svg)
-    doc = data.rounded({"schema": "autotune.compare/1",
+    doc = data.rounded({"schema": "autotune.compare/1", "caveats": caveats(rows),
                         "runs": [{k: v for k, v in row.items() if k not in ("curve", "directory")}
                                  for row in rows]})
     written["compare.json"] = out / "compare.json"
@@ -210,6 +243,7 @@ def compare(dirs: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:
     context = {
         "runs": _table(rows, out),
         "efficiency": _efficiency_table(rows),
+        "caveats": caveats(rows),
         "plots": {name: {"svg": Markup(svg), "file": f"plots/{name}.svg",
                          "caption": COMPARE_PLOTS[name]} for name, svg in svgs.items()},
         "layouts": [(row["name"], (row["best"] or {}).get("layout", "–")) for row in rows],

@@ -410,8 +410,8 @@ def _scaling_summary(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
     if scaling is None:
         return None
     keys = ("gpus", "nodes", "dp", "gas", "global_batch_size", "status", "tokens_per_s",
-            "tokens_per_s_per_gpu", "efficiency", "predicted_efficiency", "flag", "grew",
-            "grew_loss", "rule", "reason")
+            "tokens_per_s_per_gpu", "efficiency", "predicted_efficiency", "flag", "cause", "lost",
+            "grew", "grew_loss", "rule", "reason")
     points = [{k: p.get(k) for k in keys} for p in scaling["points"]]
     ran = [p for p in points if p["efficiency"] is not None]
     largest = ran[-1] if ran else None

@@ -332,8 +332,8 @@ def scaling_curves(
     right.axhspan(BOUND_BELOW, FINE_AT, color="#ccb974", alpha=0.12)
     right.axhspan(0, BOUND_BELOW, color="#c44e52", alpha=0.08)
     for level, text in ((FINE_AT + 0.01, "fine ≥ 0.7"),
-                        (BOUND_BELOW + 0.01, "communication-limited"),
-                        (0.01, "communication-bound < 0.5")):
+                        (BOUND_BELOW + 0.01, "limited (by the cause that grew)"),
+                        (0.01, "bound < 0.5")):
         right.text(0.01, level, text, transform=right.get_yaxis_transform(), fontsize=8,
                    color="#555555", va="bottom")
     right.set_ylim(0, top)

@@ -28,6 +28,7 @@ from autotune.layout import Layout
 from autotune.report import data
 from autotune.report import plots
 from autotune.scaling import PART_LABELS
+from autotune.scaling import lost_text
 from autotune.space.rules import MEMORY_RULE_NAMES
 from autotune.templating import register_filters
 from autotune.units import GIB
@@ -330,8 +331,9 @@ def scaling_table(scaling: dict[str, Any], label: str = "measured") -> Table:
     table = Table(
         ["GPUs", "nodes", "dp", "gas", "global batch", "status", f"tokens/s ({label})",
          "tokens/s/GPU",
-         "efficiency", "predicted eff.", "flag or reason", "grew most (efficiency lost)"],
-        [], "rrrrrlrrrrll")
+         "efficiency", "predicted eff.", "flag or reason", "efficiency lost to",
+         "grew most (efficiency lost)"],
+        [], "rrrrrlrrrrlll")
     for p in scaling["points"]:
         rate = p.get("tokens_per_s")
         grew = ""
@@ -345,7 +347,7 @@ def scaling_table(scaling: dict[str, Any], label: str = "measured") -> Table:
             num(p.get("efficiency"), 2) if p.get("efficiency") is not None else "–",
             num(p.get("predicted_efficiency"), 2)
             if p.get("predicted_efficiency") is not None else "–",
-            note, grew,
+            note, lost_text(p.get("lost") or {}), grew,
         ])
     return table
 
@@ -364,9 +366,21 @@ def _scaling_verdict(summary: dict[str, Any]) -> str:
     worst = min((p for p in s["points"] if p["efficiency"] is not None),
                 key=lambda p: p["efficiency"])
     if worst["flag"] != "fine":
-        text += (" Below 0.7 look at communication (lower tp, change pp, a faster "
-                 "interconnect); below 0.5 the run is communication-bound.")
+        cause = worst.get("cause") or ""
+        text += (f" At {worst['gpus']} GPUs the efficiency is {worst['efficiency']:.2f} "
+                 f"({worst['flag']}): {_REMEDY.get(cause, 'the model predicts no cause')}.")
     return text
+
+
+_REMEDY = {
+    "communication": "look at the collectives (lower tp or cp, keep them inside a node, a "
+                     "faster interconnect, overlap)",
+    "bubble": "the pipeline bubble grew (more micro-batches per step: a larger global batch "
+              "or fewer pp stages, or more virtual stages)",
+    "memory": "host-memory traffic grew (less offload)",
+    "compute": "compute per token grew (recompute or a smaller micro-batch)",
+}
+"""What to try when a cause (`autotune.scaling.CAUSES`) limits a sweep."""
 
 
 def highlights(run: data.RunData, summary: dict[str, Any]) -> list[str]:

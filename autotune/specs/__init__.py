@@ -9,6 +9,10 @@ from autotune.specs.cluster import GPUSpec
 from autotune.specs.config import AutotuneConfig
 from autotune.specs.model import ModelSpec
 from autotune.specs.model import RopeScaling
+from autotune.specs.recipe import JobSpec
+from autotune.specs.recipe import Recipe
+from autotune.specs.recipe import RecipeSpec
+from autotune.specs.recipe import resolve_recipe
 from autotune.specs.train import TrainSpec
 from autotune.specs.types import MAX_LAYERS
 from autotune.specs.types import Activation
@@ -52,6 +56,7 @@ __all__ = [
     "HeadCount",
     "HostMemoryGB",
     "Integer",
+    "JobSpec",
     "LayerBlock",
     "LayerCount",
     "LayerCountOrZero",
@@ -63,6 +68,8 @@ __all__ = [
     "NodeCount",
     "PositionEmbedding",
     "Precision",
+    "Recipe",
+    "RecipeSpec",
     "RopeScaling",
     "Seed",
     "SeqLength",
@@ -72,4 +79,5 @@ __all__ = [
     "VocabSize",
     "Width",
     "at_most",
+    "resolve_recipe",
 ]

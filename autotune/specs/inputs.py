@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from autotune.specs.cluster import GPUSpec
 from autotune.specs.config import AutotuneConfig
 from autotune.specs.hf import hf_to_megatron
 from autotune.specs.model import ModelSpec
+from autotune.specs.recipe import JobSpec
+from autotune.specs.recipe import RecipeSpec
 from autotune.specs.train import TrainSpec
 from autotune.units import GIB
 
@@ -389,6 +392,9 @@ def load_config(
     cluster: str,
     *,
     processes: int | None = None,
+    gbs_tokens: int | None = None,
+    recipe: RecipeSpec | Mapping[str, Any] | None = None,
+    job: JobSpec | Mapping[str, Any] | None = None,
     **train: Any,
 ) -> AutotuneConfig:
     """Model, cluster and training setup from CLI-style references.
@@ -397,6 +403,10 @@ def load_config(
         model: A model preset, a YAML file in Megatron's names, or a Hugging Face config.json.
         cluster: `NAME:NODES` of a cluster preset, a cluster YAML file, or `local`.
         processes: Worker processes of `local` (default: its GPUs, or 2 CPU processes).
+        gbs_tokens: The global batch in tokens (sequences = tokens / seq, which must divide),
+            instead of `global_batch_size` in sequences.
+        recipe: The config's `recipe:` section (`RecipeSpec`).
+        job: The config's `job:` section (`JobSpec`).
         **train: `TrainSpec` fields that override the preset's training setup (None: keep it).
 
     Raises:
@@ -407,6 +417,9 @@ def load_config(
         >>> cfg.train.seq_length, cfg.world_size
         (8192, 8)
     """
+    if gbs_tokens is not None and train.get("global_batch_size") is not None:
+        raise AutotuneError("--gbs-tokens: give the global batch in tokens or in sequences "
+                            "(--gbs), not both")
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster, processes)
     setup: dict[str, Any] = {
@@ -421,6 +434,8 @@ def load_config(
         raise AutotuneError(f"training setup: {unknown[0]} is not a TrainSpec field; choose one "
                             f"of {', '.join(TrainSpec.model_fields)}")
     setup.update({key: value for key, value in train.items() if value is not None})
+    if gbs_tokens is not None:
+        setup["global_batch_size"] = _sequences(gbs_tokens, int(setup["seq_length"]))
     train_spec = _build(TrainSpec, setup, "training setup")
     if train_spec.precision not in cluster_spec.gpu.peak_tflops:
         supported = ", ".join(cluster_spec.gpu.peak_tflops)
@@ -435,4 +450,36 @@ def load_config(
             f"--seq: {train_spec.seq_length} exceeds the model's learned positions "
             f"({model_spec.max_position_embeddings}); lower --seq"
         )
-    return AutotuneConfig(model=model_spec, cluster=cluster_spec, train=train_spec)
+    recipe_spec = recipe if isinstance(recipe, RecipeSpec) else _build(
+        RecipeSpec, dict(recipe or {}), "recipe")
+    job_spec = job if isinstance(job, JobSpec) else _build(JobSpec, dict(job or {}), "job")
+    return AutotuneConfig(model=model_spec, cluster=cluster_spec, train=train_spec,
+                          recipe=recipe_spec, job=job_spec)
+
+
+def _sequences(tokens: int, seq_length: int) -> int:
+    """The global batch in sequences of `tokens` tokens per step; raises when seq does not
+    divide it."""
+    if tokens < seq_length or tokens % seq_length:
+        lower = max(seq_length, tokens // seq_length * seq_length)
+        raise AutotuneError(
+            f"--gbs-tokens: {tokens:,} tokens are not a whole number of {seq_length:,}-token "
+            f"sequences; use a multiple of the sequence length, e.g. {lower:,}")
+    return tokens // seq_length
+
+
+def position_warnings(cfg: AutotuneConfig) -> list[str]:
+    """What a user must hear about the model's positions at this sequence length: rotary
+    embeddings trained for fewer positions, without rope scaling, are stretched silently by
+    Megatron (`--max-position-embeddings` is raised to the sequence length), which is a
+    different model from the released one (Llama 3 8B knows 8,192 positions; Llama 3.1 reaches
+    131,072 through its llama3 rope scaling)."""
+    m, seq = cfg.model, cfg.train.seq_length
+    if seq <= m.max_position_embeddings or m.position_embedding == "learned_absolute":
+        return []
+    if m.rope_scaling is not None:
+        return []
+    return [f"seq {seq:,} exceeds {m.name}'s {m.max_position_embeddings:,} positions and the "
+            "model has no rope scaling: the rendered config raises --max-position-embeddings to "
+            f"{seq:,}, which continued training from released weights does not expect; give the "
+            "model a rope_scaling (as Llama 3.1 has) or lower --seq"]

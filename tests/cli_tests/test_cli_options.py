@@ -13,6 +13,7 @@ from autotune.cli.app import app
 from autotune.run import RunnerSettings
 
 PROBLEM = ["--calibration", "--cluster", "--config", "--flash-attention", "--framework", "--gbs",
+           "--gbs-tokens",
            "--grad-reduce-in-fp32", "--no-grad-reduce-in-fp32",
            "--model", "--moe-a2a-overlap", "--moe-dispatcher", "--no-flash-attention",
            "--ignore-calibration-mismatch", "--no-ignore-calibration-mismatch",
@@ -22,21 +23,24 @@ PROBLEM = ["--calibration", "--cluster", "--config", "--flash-attention", "--fra
 RUNNER = ["--account", "--command", "--hang-timeout", "--launcher", "--megatron-lm", "--noise",
           "--partition", "--runner", "--seed", "--slurm-opt", "--steps", "--time-limit",
           "--timeout"]
+RECIPE = ["--decay-style", "--distributed-timeout-minutes", "--lr", "--min-lr", "--train-tokens",
+          "--warmup-iters"]
+JOB = ["--account", "--container-image", "--partition", "--time"]
 PINNED = {
     "(global)": ["--debug", "--no-debug"],
     "space": sorted([*PROBLEM, "--json", "--top"]),
     "estimate": sorted([*PROBLEM, "--json", "--layout", "--vs", "-l"]),
-    "render": sorted([*PROBLEM, "--layout", "--out", "-l"]),
-    "tune": sorted([*PROBLEM, *RUNNER, "--confidence", "--jobs", "--json", "--no-resume",
-                    "--no-stop-when-confident", "--no-verify", "--out", "--repeat", "--resume",
-                    "--scale", "--scale-gpus", "--scale-mode", "--stop-when-confident",
+    "render": sorted([*PROBLEM, *RECIPE, *JOB, "--from", "--layout", "--out", "-l"]),
+    "tune": sorted([*PROBLEM, *RECIPE, *RUNNER, "--confidence", "--jobs", "--json",
+                    "--no-resume", "--no-stop-when-confident", "--no-verify", "--out", "--repeat",
+                    "--resume", "--scale", "--scale-gpus", "--scale-mode", "--stop-when-confident",
                     "--storage", "--study", "--top-k", "--trials", "--verify"]),
     "scale": sorted([*PROBLEM, *RUNNER, "--gpus", "--json", "--layout", "--mode", "--out", "-l"]),
     "calibrate": sorted([*PROBLEM, "--from-runs", "--margin", "--out"]),
     "report": ["--out"],
     "compare": ["--out"],
     "plan": sorted([*(o for o in PROBLEM if o not in (
-                        "--processes", "--ignore-calibration-mismatch",
+                        "--processes", "--gbs-tokens", "--ignore-calibration-mismatch",
                         "--no-ignore-calibration-mismatch")), *RUNNER, "--budget",
                     "--deadline", "--json", "--max-gbs-tokens", "--out", "--price", "--tokens",
                     "--verify-sizes"]),

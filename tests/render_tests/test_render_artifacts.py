@@ -39,9 +39,10 @@ GOLDEN_CASES = {
                          recompute="full")),
 }
 GOLDEN_FILES = {
-    "megatron": ("pretrain_gpt.sh", "sbatch.sh", "layout.json"),
+    "megatron": ("pretrain_gpt.sh", "sbatch.sh", "layout.json", "README.md"),
     "megatron-moe": ("pretrain_gpt.sh", "layout.json"),
-    "deepspeed": ("ds_config.json", "launch_deepspeed.sh", "hostfile", "sbatch.sh", "layout.json"),
+    "deepspeed": ("ds_config.json", "launch_deepspeed.sh", "hostfile", "sbatch.sh", "layout.json",
+                  "README.md"),
 }
 
 
@@ -80,7 +81,8 @@ def test_write_artifacts(framework: str, tmp_path: Path) -> None:
     measured = {"status": "ok", "step_time_s": 1.5, "tokens_per_s": 2.0e6}
     paths = write_artifacts(cfg, layout, tmp_path / "run", measured=measured,
                             extra_manifest={"study": "s1"})
-    expected = {"sbatch.sh", "layout.json", "manifest.json"} | (
+    expected = {"sbatch.sh", "layout.json", "manifest.json", "README.md", "pytorchjob.yaml",
+                "skypilot.yaml"} | (
         {"pretrain_gpt.sh"} if framework == "megatron"
         else {"ds_config.json", "launch_deepspeed.sh", "hostfile"})
     assert set(paths) == expected
@@ -101,6 +103,8 @@ def test_write_artifacts(framework: str, tmp_path: Path) -> None:
     assert manifest["libraries"]["deepspeed"] and manifest["libraries"]["torch"]
     assert manifest["inputs"]["model"]["name"] == model
     assert manifest["inputs"]["train"]["global_batch_size"] == cfg.train.global_batch_size
+    assert manifest["inputs"]["recipe"]["lr"] is None  # nothing set: the published recipe's
+    assert set(manifest["recipe"]["origin"].values()) <= {"published", "autotune"}
     assert manifest["layout"] == layout_doc
     predicted = manifest["predicted"]
     assert set(predicted["memory"]["parts"]) == set(MEMORY_PARTS)
@@ -109,7 +113,8 @@ def test_write_artifacts(framework: str, tmp_path: Path) -> None:
     assert manifest["measured"] == measured
     assert manifest["study"] == "s1"
     assert set(manifest["artifacts"]) == expected
-    scripts = {name for name in expected if name.endswith(".sh") or name == "ds_config.json"}
+    scripts = {name for name in expected
+               if name.endswith((".sh", ".yaml")) or name == "ds_config.json"}
     assert scripts <= set(manifest["launch"])
 
 

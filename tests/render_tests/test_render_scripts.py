@@ -28,6 +28,7 @@ from autotune.render import deepspeed_launch_script
 from autotune.render import megatron_launch_script
 from autotune.render import sbatch_script
 from autotune.render import write_artifacts
+from autotune.specs import JobSpec
 
 with warnings.catch_warnings():  # megatron-core warns that Transformer Engine / Apex are absent
     warnings.simplefilter("ignore")
@@ -132,30 +133,38 @@ def megatron_setup(tmp_path: Path) -> tuple[AutotuneConfig, Layout, Path]:
 
 def test_pretrain_script_passes_exact_flags(megatron_setup, fakes, tmp_path: Path) -> None:
     """Oracle: the argv torchrun really receives, against flags worked out by hand: the run's
-    data, tokenizer, checkpoints and length come from the variables documented at the top."""
+    data, tokenizer, checkpoints and length come from the variables documented at the top; the
+    warm-up, eval and save intervals are autotune's defaults (2,000, 1,000 x 10, 1,000: the evil
+    model name has no published recipe); a run no longer than its warm-up stops with one line
+    (Megatron would assert)."""
     cfg, layout, checkout = megatron_setup
     script = tmp_path / "pretrain_gpt.sh"
     script.write_text(megatron_launch_script(cfg, layout, megatron_lm=str(checkout)))
     ckpt = str(tmp_path / "check points")
     env = {**fakes, "NODE_RANK": "1", "MASTER_ADDR": "head node",
            "DATA_PATH": "0.7 /data/a_text 0.3 /data/b_text", "TOKENIZER_MODEL": "meta/llama 3",
-           "CHECKPOINT_DIR": ckpt, "TRAIN_TOKENS": "1000000000"}
+           "CHECKPOINT_DIR": ckpt, "TRAIN_TOKENS": "10000000000"}
     result = run(script, env, "--exit-interval", "5", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    # 1e9 tokens / (global batch 512 · seq 8192 = 4,194,304 tokens per iteration) → 239
+    # 1e10 tokens / (global batch 512 · seq 8192 = 4,194,304 tokens per iteration) → 2,385
     assert recorded(env, "torchrun") == [
         "--nproc_per_node", "8", "--nnodes", "2", "--node_rank", "1",
         "--master_addr", "head node", "--master_port", "6000",
         str(checkout / "pretrain_gpt.py"), *megatron_args(cfg, layout),
-        "--train-iters", "239", "--log-interval", "1", "--eval-interval", "1000",
-        "--eval-iters", "0", "--data-path", "0.7", "/data/a_text", "0.3", "/data/b_text",
+        "--train-iters", "2385", "--lr-warmup-iters", "2000", "--log-interval", "1",
+        "--eval-interval", "1000", "--eval-iters", "10",
+        "--data-path", "0.7", "/data/a_text", "0.3", "/data/b_text",
         "--split", "99,1,0", "--tokenizer-type", "HuggingFaceTokenizer",
         "--tokenizer-model", "meta/llama 3", "--save", ckpt, "--load", ckpt,
         "--save-interval", "1000", "--exit-interval", "5",
     ]
     assert not (tmp_path / "pwned").exists()
-    # both set: TRAIN_ITERS wins, as in launch_deepspeed.sh
+    # both set: TRAIN_ITERS wins, as in launch_deepspeed.sh; 12 iterations end inside the warm-up
     env["TRAIN_ITERS"] = "12"
+    short = run(script, env, cwd=tmp_path)
+    assert short.returncode == 2 and len(short.stderr.splitlines()) == 1
+    assert "LR_WARMUP_ITERS (2000) must be below the 12 decay iterations" in short.stderr
+    env["LR_WARMUP_ITERS"] = "3"
     assert run(script, env, cwd=tmp_path).returncode == 0
     argv = recorded(env, "torchrun")
     assert argv[argv.index("--train-iters") + 1] == "12"
@@ -167,7 +176,7 @@ def test_training_script_needs_data_and_trial_script_defaults_to_mock(
     """Oracle: the documented contract of the scripts, run by bash, and the argv the recording
     torchrun receives against flags worked out by hand: a training script refuses to start
     without DATA_PATH (exit 2, one line); a trial script trains its default iterations on
-    Megatron's synthetic data (--mock-data, NullTokenizer)."""
+    Megatron's synthetic data (--mock-data, NullTokenizer) with no warm-up (a benchmark)."""
     cfg, layout, checkout = megatron_setup
     training, trial = tmp_path / "train.sh", tmp_path / "trial.sh"
     training.write_text(megatron_launch_script(cfg, layout, megatron_lm=str(checkout)))
@@ -177,9 +186,12 @@ def test_training_script_needs_data_and_trial_script_defaults_to_mock(
     assert refused.returncode == 2 and "set DATA_PATH and TOKENIZER_MODEL" in refused.stderr
     assert len(refused.stderr.splitlines()) == 1
     assert run(trial, fakes, cwd=tmp_path).returncode == 0
-    assert recorded(fakes, "torchrun")[-13:] == [
-        "--train-iters", "7", "--log-interval", "1", "--eval-interval", "1000",
-        "--eval-iters", "0", "--mock-data", "--tokenizer-type", "NullTokenizer",
+    assert "A SHORT BENCHMARK RUN" in trial.read_text()
+    assert "A TRAINING RUN" in training.read_text()
+    assert recorded(fakes, "torchrun")[-15:] == [
+        "--train-iters", "7", "--lr-warmup-iters", "0", "--log-interval", "1",
+        "--eval-interval", "1000", "--eval-iters", "10", "--mock-data", "--tokenizer-type",
+        "NullTokenizer",
         "--vocab-size", str(cfg.model.vocab_size),
     ]
 
@@ -233,7 +245,8 @@ def test_megatron_sbatch_runs_pretrain_on_each_node(megatron_setup, fakes, tmp_p
     paths = write_artifacts(cfg, layout, tmp_path / "out", job_name="trial")
     slurm = {"SLURM_JOB_NODELIST": "node[A-B]", "SLURM_NNODES": "2", "SLURM_NODEID": "1",
              "SLURM_JOB_ID": "42", "SLURM_SUBMIT_DIR": str(tmp_path / "out"),
-             "MEGATRON_LM": str(checkout), "MOCK_DATA": "1", "TRAIN_ITERS": "3"}
+             "MEGATRON_LM": str(checkout), "MOCK_DATA": "1", "TRAIN_ITERS": "3",
+             "LR_WARMUP_ITERS": "0"}
     env = {**fakes, **slurm}
     result = run(paths["sbatch.sh"], env, "--exit-interval", "5", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -245,10 +258,37 @@ def test_megatron_sbatch_runs_pretrain_on_each_node(megatron_setup, fakes, tmp_p
     assert torchrun[:10] == ["--nproc_per_node", "8", "--nnodes", "2", "--node_rank", "1",
                              "--master_addr", "nodeA", "--master_port", "6000"]
     assert torchrun[11:] == [
-        *megatron_args(cfg, layout), "--train-iters", "3", "--log-interval", "1",
-        "--eval-interval", "1000", "--eval-iters", "0", "--mock-data", "--tokenizer-type",
-        "NullTokenizer", "--vocab-size", str(cfg.model.vocab_size), "--exit-interval", "5"]
+        *megatron_args(cfg, layout), "--train-iters", "3", "--lr-warmup-iters", "0",
+        "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "10", "--mock-data",
+        "--tokenizer-type", "NullTokenizer", "--vocab-size", str(cfg.model.vocab_size),
+        "--exit-interval", "5"]
     assert not (tmp_path / "pwned").exists()
+
+
+def test_sbatch_runs_tasks_in_the_configured_container(megatron_setup, fakes, tmp_path) -> None:
+    """Oracle: the argv the recording srun receives, against pyxis's documented srun options
+    (--container-image, --container-mounts SRC:DST[,SRC:DST], --container-workdir) worked out by
+    hand: the config's job section names the image and a mount, the artifacts folder is mounted
+    at its own path; the site's partition, account and time are directives, and unset ones are
+    disabled placeholders Slurm does not read (`##SBATCH`)."""
+    cfg, layout, checkout = megatron_setup
+    job = JobSpec(partition="batch", container_image="nvcr.io#nvidia/pytorch:25.01-py3",
+                  container_mounts=("/lustre/data:/data:ro",))
+    cfg = cfg.model_copy(update={"job": job})
+    out = tmp_path / "out"
+    paths = write_artifacts(cfg, layout, out, job_name="trial")
+    text = paths["sbatch.sh"].read_text()
+    assert "#SBATCH --partition=batch\n" in text
+    assert "##SBATCH --account=<account>" in text and "##SBATCH --time=<time>" in text
+    env = {**fakes, "SLURM_JOB_NODELIST": "node[A-B]", "SLURM_NNODES": "2",
+           "SLURM_SUBMIT_DIR": str(out), "MEGATRON_LM": str(checkout), "MOCK_DATA": "1"}
+    assert run(paths["sbatch.sh"], env, cwd=tmp_path).returncode == 0
+    assert recorded(env, "srun") == [
+        "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        "--container-image=nvcr.io#nvidia/pytorch:25.01-py3", f"--container-workdir={out}",
+        f"--container-mounts={out}:{out},/lustre/data:/data:ro",
+        "bash", str(out / "pretrain_gpt.sh"),
+    ]
 
 
 @pytest.fixture

@@ -172,7 +172,7 @@ MIRROR: dict[str, tuple[str, ...]] = {
     "inputs_tests": ("specs.inputs", "resources"),
     "layout_tests": ("layout",),
     "plan_tests": ("planning",),
-    "render_tests": ("render", "templating", "frameworks.megatron.args"),
+    "render_tests": ("render", "templating", "launchers", "frameworks.megatron.args"),
     "repo_tests": (),
     "report_tests": ("report",),
     "runners_tests": ("runners", "measurement", "workloads.records", "trial",

@@ -15,14 +15,13 @@ from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.simulate import SimulateRunner
-from autotune.scaling import BOUND
 from autotune.scaling import CSV_COLUMNS
 from autotune.scaling import FINE
-from autotune.scaling import LIMITED
 from autotune.scaling import ScalingPoint
 from autotune.scaling import _diagnose
 from autotune.scaling import default_sizes
 from autotune.scaling import flag_for
+from autotune.scaling import lost_text
 from autotune.scaling import read_scaling
 from autotune.scaling import resized
 from autotune.scaling import sweep
@@ -78,11 +77,11 @@ class Scripted(Runner):
 
 
 def test_flag_thresholds() -> None:
-    """Oracle: the documented thresholds (README): fine at >= 0.7, communication-limited at
-    0.5-0.7, communication-bound below 0.5."""
-    assert flag_for(1.0) == FINE and flag_for(0.7) == FINE
-    assert flag_for(0.69) == LIMITED and flag_for(0.5) == LIMITED
-    assert flag_for(0.49) == BOUND
+    """Oracle: the documented thresholds (the field notes): fine at >= 0.7, limited at 0.5-0.7,
+    bound below 0.5, each named by its cause; no cause predicted, no cause named."""
+    assert flag_for(1.0) == FINE and flag_for(0.7, "bubble") == FINE
+    assert flag_for(0.69, "bubble") == "bubble-limited" and flag_for(0.5) == "limited"
+    assert flag_for(0.49, "communication") == "communication-bound"
 
 
 def test_resized_whole_nodes_and_sub_node(cfg8b) -> None:
@@ -153,8 +152,8 @@ def test_efficiency_flags_and_base_is_smallest_that_ran(cfg8b, layout8b,
     assert points[4].status == "oom" and points[4].efficiency is None
     assert points[8].efficiency == pytest.approx(1.0)
     assert points[16].efficiency == pytest.approx(0.9) and points[16].flag == FINE
-    assert points[32].efficiency == pytest.approx(0.6) and points[32].flag == LIMITED
-    assert points[64].efficiency == pytest.approx(0.4) and points[64].flag == BOUND
+    assert points[32].efficiency == pytest.approx(0.6) and points[32].flag.endswith("limited")
+    assert points[64].efficiency == pytest.approx(0.4) and points[64].flag.endswith("bound")
 
 
 def test_rule_violations_are_recorded_not_run(tmp_path: Path) -> None:
@@ -176,8 +175,9 @@ def test_diagnosis_worked_out_by_hand() -> None:
     base (8 GPUs, 64 sequences) compute 8 s → 8·8/64 = 1.0; at 16 GPUs compute 4 s, reduce 1 s
     → 1.0 + 0.25, predicted efficiency 1/1.25 = 0.8, the reduce costs 0.25/1.25 = 0.2; at 32
     GPUs compute 2, reduce 1, bubble 0.5 → 1.0 + 0.5 + 0.25, predicted 1/1.75, the reduce
-    costs 0.5/1.75. Measured: 1000, 800 and 400 tokens/s per GPU: efficiency 1, 0.8, 0.4. The
-    point at 4 GPUs ran out of memory: the base is the smallest size that ran."""
+    costs 0.5/1.75 and the bubble 0.25/1.75. Measured: 1000, 800 and 400 tokens/s per GPU:
+    efficiency 1, 0.8, 0.4, the last bound by communication. The point at 4 GPUs ran out of
+    memory: the base is the smallest size that ran."""
     shape = {"nodes": 1, "gpus_per_node": 8, "dp": 1, "gas": 1, "global_batch_size": 64}
     points = _diagnose([
         ScalingPoint(**{**shape, "gpus": 4}, status="oom"),
@@ -193,9 +193,31 @@ def test_diagnosis_worked_out_by_hand() -> None:
     assert (middle.efficiency, middle.flag) == (pytest.approx(0.8), FINE)
     assert middle.predicted_efficiency == pytest.approx(0.8)
     assert (middle.grew, middle.grew_loss) == ("dp_comm", pytest.approx(0.2))
-    assert (last.efficiency, last.flag) == (pytest.approx(0.4), BOUND)
+    assert (last.efficiency, last.flag) == (pytest.approx(0.4), "communication-bound")
     assert last.predicted_efficiency == pytest.approx(1 / 1.75)
     assert (last.grew, last.grew_loss) == ("dp_comm", pytest.approx(0.5 / 1.75))
+    assert last.lost == pytest.approx({"communication": 0.5 / 1.75, "bubble": 0.25 / 1.75,
+                                       "memory": 0.0, "compute": 0.0})
+    assert lost_text(last.lost) == "communication 28.6%, bubble 14.3%"
+
+
+def test_a_growing_bubble_is_named_not_communication() -> None:
+    """Oracle: worked out by hand: base 8 GPUs, compute 8 s for 64 sequences (1.0 GPU·s per
+    sequence); at 16 GPUs compute 4, bubble 1.5, reduce 0.2 → 1.0 + 0.375 + 0.05: the bubble
+    costs 0.375/1.425 = 26.3%, communication 0.05/1.425 = 3.5%; measured 600 of 1000 tokens/s
+    per GPU, efficiency 0.6: bubble-limited (a strong sweep on a pipeline: fewer micro-batches
+    per replica), which the flag used to call communication-limited."""
+    shape = {"nodes": 1, "gpus_per_node": 8, "dp": 1, "gas": 1, "global_batch_size": 64}
+    _, point = _diagnose([
+        ScalingPoint(**{**shape, "gpus": 8}, status="ok", tokens_per_s=8000.0,
+                     predicted_time_parts={"compute": 8.0}),
+        ScalingPoint(**{**shape, "gpus": 16}, status="ok", tokens_per_s=9600.0,
+                     predicted_time_parts={"compute": 4.0, "pp_bubble": 1.5, "dp_comm": 0.2}),
+    ])
+    assert point.efficiency == pytest.approx(0.6) and point.flag == "bubble-limited"
+    assert point.cause == "bubble"
+    assert point.lost["bubble"] == pytest.approx(0.375 / 1.425)
+    assert point.lost["communication"] == pytest.approx(0.05 / 1.425)
 
 
 def test_simulated_1_to_128_nodes_names_the_dp_reduce(tmp_path: Path) -> None:

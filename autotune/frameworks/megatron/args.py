@@ -36,11 +36,11 @@ from typing import Any
 
 from autotune.costmodel.expert_dispatch import a2a_overlap_runs
 from autotune.exceptions import AutotuneError
-from autotune.frameworks.base import ADAMW
 from autotune.frameworks.megatron.model import model_args
 from autotune.frameworks.megatron.model import transformer_config_kwargs as model_config_kwargs
 from autotune.layout import Layout
 from autotune.specs import AutotuneConfig
+from autotune.specs import resolve_recipe
 
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 """Megatron-FSDP `--data-parallel-sharding-strategy` per ZeRO stage."""
@@ -355,18 +355,31 @@ def megatron_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
     args += ["--micro-batch-size", str(layout.mbs),
              "--global-batch-size", str(layout.global_batch_size)]
     args += model_args(cfg.model, cfg.train.seq_length) + _precision_args(cfg)
-    args += [
-        "--log-throughput",
-        "--lr", _number(ADAMW.lr),
-        "--min-lr", _number(ADAMW.min_lr),
-        "--lr-decay-style", "cosine",
-        "--weight-decay", _number(ADAMW.weight_decay),
-        "--adam-beta1", _number(ADAMW.betas[0]),
-        "--adam-beta2", _number(ADAMW.betas[1]),
-        "--adam-eps", _number(ADAMW.eps),
-        "--clip-grad", _number(ADAMW.clip_grad),
+    return args + ["--log-throughput"] + recipe_args(cfg)
+
+
+def recipe_args(cfg: AutotuneConfig) -> list[str]:
+    """The optimizer, schedule, seed and timeout flags of the recipe (`resolve_recipe`); the
+    run's length, warm-up and intervals are the rendered script's (its variables may change
+    them). Without an explicit decay length the decay follows --train-iters (Megatron-LM's
+    default for --lr-decay-iters)."""
+    recipe = resolve_recipe(cfg)
+    args = [
+        "--lr", _number(recipe.lr),
+        "--min-lr", _number(recipe.min_lr),
+        "--lr-decay-style", recipe.decay_style,
     ]
-    return args
+    if recipe.decay_iters is not None:
+        args += ["--lr-decay-iters", str(recipe.decay_iters)]
+    return args + [
+        "--weight-decay", _number(recipe.weight_decay),
+        "--adam-beta1", _number(recipe.adam_beta1),
+        "--adam-beta2", _number(recipe.adam_beta2),
+        "--adam-eps", _number(recipe.adam_eps),
+        "--clip-grad", _number(recipe.clip_grad),
+        "--seed", str(recipe.seed),
+        "--distributed-timeout-minutes", str(recipe.distributed_timeout_minutes),
+    ]
 
 
 def _dtype(cfg: AutotuneConfig) -> Any:
@@ -459,15 +472,16 @@ def optimizer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, An
     """Keyword arguments of megatron-core's `OptimizerConfig` (AdamW, precision and offload)."""
     precision = cfg.train.precision
     offload = layout.offload == "optimizer"
+    recipe = resolve_recipe(cfg)
     kwargs: dict[str, Any] = {
         "optimizer": "adam",
-        "lr": ADAMW.lr,
-        "min_lr": ADAMW.min_lr,
-        "weight_decay": ADAMW.weight_decay,
-        "adam_beta1": ADAMW.betas[0],
-        "adam_beta2": ADAMW.betas[1],
-        "adam_eps": ADAMW.eps,
-        "clip_grad": ADAMW.clip_grad,
+        "lr": recipe.lr,
+        "min_lr": recipe.min_lr,
+        "weight_decay": recipe.weight_decay,
+        "adam_beta1": recipe.adam_beta1,
+        "adam_beta2": recipe.adam_beta2,
+        "adam_eps": recipe.adam_eps,
+        "clip_grad": recipe.clip_grad,
         "bf16": precision in ("bf16", "fp8"),
         "fp16": precision == "fp16",
         "params_dtype": _dtype(cfg),

@@ -33,6 +33,8 @@ from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
+from autotune.specs import resolve_recipe
+from autotune.specs.inputs import position_warnings
 from autotune.templating import flag_lines
 from autotune.templating import header
 from autotune.templating import render_template
@@ -227,6 +229,51 @@ class Megatron(Framework):
             "sbatch.sh": "cd <this folder> && MEGATRON_LM=<checkout> sbatch sbatch.sh",
         }
 
+    def node_command(self, options: RenderOptions) -> str:
+        """pretrain_gpt.sh, which reads the rendezvous variables itself."""
+        return 'exec bash "$ARTIFACTS_DIR/pretrain_gpt.sh"'
+
+    def checkpoint_format(self, layout: Layout) -> str:
+        """`--ckpt-format`: fsdp_dtensor under Megatron-FSDP (arguments.py requires it), else
+        Megatron-LM's default torch_dist (distributed checkpointing)."""
+        return "fsdp_dtensor" if fsdp(layout) else "torch_dist"
+
+    def carry_over(self, cfg: AutotuneConfig, old: Layout, new: Layout) -> list[str]:
+        """Megatron-LM's distributed checkpoints (megatron/core/dist_checkpointing) reshard on
+        load; the optimizer state of the distributed optimizer reshards over a changed tp, pp
+        or ep only when it was saved fully reshardable; torch_dist converts to Megatron-FSDP's
+        fsdp_dtensor with tools/checkpoint/checkpoint_inspector.py (Megatron-LM's Megatron-FSDP
+        user guide, "Checkpoint Conversion from 3D-Parallel to Megatron-FSDP")."""
+        before, after = self.checkpoint_format(old), self.checkpoint_format(new)
+        if old == new:
+            return [f"same layout: resume with CHECKPOINT_DIR=<the old run's folder> ({after})"]
+        steps = []
+        if before != after:
+            steps.append(f"WARNING: the old run saved --ckpt-format {before}, this layout saves "
+                         f"and loads {after}: the checkpoints are not interchangeable")
+        if (before, after) == ("torch_dist", "fsdp_dtensor"):
+            swiglu = " --swiglu" if cfg.model.gated else ""
+            steps.append("convert once (the Megatron-FSDP user guide runs it on one 8-GPU node): "
+                         "torchrun --nproc_per_node=8 $MEGATRON_LM/tools/checkpoint/"
+                         "checkpoint_inspector.py convert-torch-dist-to-fsdp-dtensor "
+                         f"<old checkpoint> <new checkpoint>{swiglu}"
+                         ", then CHECKPOINT_DIR=<new checkpoint>")
+        elif (before, after) == ("fsdp_dtensor", "torch_dist"):
+            steps.append("Megatron-LM has no converter from fsdp_dtensor back to torch_dist that "
+                         "autotune knows of: keep a Megatron-FSDP layout (zero 2/3), or restart "
+                         "from an exported Hugging Face checkpoint (Megatron-Bridge)")
+        else:
+            steps.append(f"{after} reshards on load: CHECKPOINT_DIR=<the old run's folder>, "
+                         "nothing to convert")
+            moved = [name for name in ("tp", "pp", "cp", "ep", "etp")
+                     if getattr(old, name) != getattr(new, name)]
+            if moved and after == "torch_dist" and old.zero >= 1:
+                steps.append(f"{'/'.join(moved)} changed: the distributed optimizer's state "
+                             "reshards only if the old run saved it with "
+                             "--dist-ckpt-optim-fully-reshardable; otherwise add --no-load-optim "
+                             "--no-load-rng (the Adam moments restart)")
+        return steps
+
     def checkout_trial_args(self, steps: int) -> list[str]:
         """pretrain_gpt.py flags appended last (argparse keeps the last value); timers at
         level 2 give the measured parts of each step (`MegatronLog.breakdown`)."""
@@ -278,8 +325,10 @@ def launch_script(
 
     The data, tokenizer, checkpoints and iteration count come from the script's variables
     (documented at its top: DATA_PATH, TOKENIZER_MODEL, CHECKPOINT_DIR, TRAIN_ITERS or
-    TRAIN_TOKENS, ...). A trial script (`trial`) trains `train_iters` iterations on synthetic
-    data unless told otherwise; a training script needs DATA_PATH (or MOCK_DATA=1).
+    TRAIN_TOKENS, ...). A trial script (`trial`) is a benchmark: `train_iters` iterations on
+    synthetic data unless told otherwise, no warm-up; a training script runs the recipe's token
+    budget (`resolve_recipe`), needs DATA_PATH (or MOCK_DATA=1) and lists in its header every
+    recipe value autotune chose.
 
     Args:
         cfg: Model, cluster and training setup.
@@ -289,10 +338,13 @@ def launch_script(
         trial: Render for a short trial on synthetic data (what autotune's runners run).
     """
     plan = pipeline_split(cfg, layout)
+    recipe = resolve_recipe(cfg)
     return render_template(
         "megatron/pretrain_gpt.sh.j2", **header(cfg, layout), megatron_lm=megatron_lm,
         flag_lines=flag_lines(megatron_args(cfg, layout)),
         single_connection=needs_single_connection(cfg, layout), fsdp=fsdp(layout), plan=plan,
         trial=trial, train_iters=train_iters, vocab_size=cfg.model.vocab_size,
-        tokens_per_iteration=layout.global_batch_size * cfg.train.seq_length,
+        tokens_per_iteration=layout.global_batch_size * cfg.train.seq_length, recipe=recipe,
+        default_iters=train_iters if trial else recipe.train_iters,
+        warmup_iters=0 if trial else recipe.warmup_iters, notices=position_warnings(cfg),
     )

@@ -3,6 +3,33 @@
 # Model llama3-70b on dgx-a100:16 (128 GPUs = 16 x 8).
 # Layout: tp=4,pp=1,cp=2,vpp=1,zero=2,offload=none,mbs=1,recompute=none,sp=on
 #
+# A TRAINING RUN of the recipe below: 1168251 iterations = 4899999842304 tokens by default
+# (4194304 tokens per iteration), warm-up 2000 iterations, cosine decay.
+#
+# Training recipe, from the published one: Megatron-Bridge llama3_8b/llama3_70b pretrain_config (NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/recipes/llama/, with recipes/utils/optimizer_utils.py distributed_fused_adam_with_cosine_annealing; the scheduler's constant start/end_weight_decay 0.033 is the weight decay that applies).
+# Values autotune chose (set them in the config's recipe: section):
+#   lr = 0.0003 (published recipe)
+#   min_lr = 3e-05 (published recipe)
+#   warmup_iters = 2,000 (published recipe)
+#   decay_style = cosine (published recipe)
+#   decay_iters = the run (1,168,251 iterations) (autotune default: the run's iterations)
+#   weight_decay = 0.033 (published recipe)
+#   clip_grad = 1.0 (published recipe)
+#   adam_beta1 = 0.9 (published recipe)
+#   adam_beta2 = 0.95 (published recipe)
+#   adam_eps = 1e-05 (published recipe)
+#   seed = 1234 (published recipe)
+#   train_tokens = 4,899,999,842,304 tokens (1,168,251 iterations) (published recipe)
+#   save_interval = 2,000 (published recipe)
+#   eval_interval = 2,000 (published recipe)
+#   eval_iters = 32 (published recipe)
+#   distributed_timeout_minutes = 60 (autotune default: Megatron's and DeepSpeed's 10 minutes are shorter than a large model's checkpoint load or a long-context step)
+#
+# Checkpoints: Megatron-FSDP writes --ckpt-format fsdp_dtensor (PyTorch DCP of DTensor shards).
+# The torch_dist checkpoints of non-FSDP layouts (zero 0/1) do not load here, nor these there:
+# Megatron-LM's tools/checkpoint/checkpoint_inspector.py convert-torch-dist-to-fsdp-dtensor
+# carries a torch_dist checkpoint over (see README.md).
+#
 # Run on every node (sbatch.sh does this through srun):
 #   MEGATRON_LM=<checkout> NNODES=<nodes> NODE_RANK=<this node> MASTER_ADDR=<node 0> bash pretrain_gpt.sh
 # Arguments of this script are appended to the rendered flags (argparse keeps the last value).
@@ -14,9 +41,10 @@
 #   TOKENIZER_MODEL  --tokenizer-model, a Hugging Face tokenizer name or path (with DATA_PATH)
 #   TOKENIZER_TYPE   --tokenizer-type (default HuggingFaceTokenizer)
 #   SPLIT            --split train,valid,test (default 99,1,0)
-#   CHECKPOINT_DIR   --save and --load (unset: no checkpoints); SAVE_INTERVAL (default 1000)
-#   TRAIN_ITERS      --train-iters (default 20), or TRAIN_TOKENS: iterations = tokens / 4194304
-#   EVAL_INTERVAL, EVAL_ITERS  (default 1000, 0: no evaluation); LOG_INTERVAL (default 1)
+#   CHECKPOINT_DIR   --save and --load (unset: no checkpoints); SAVE_INTERVAL (default 2000)
+#   TRAIN_ITERS      --train-iters (default 1168251), or TRAIN_TOKENS: iterations = tokens / 4194304
+#   LR_WARMUP_ITERS  --lr-warmup-iters (default 2000); it must stay below the decay length
+#   EVAL_INTERVAL, EVAL_ITERS  (default 2000, 32; 0: no evaluation); LOG_INTERVAL (default 1)
 set -euo pipefail
 
 MEGATRON_LM_DEFAULT=/opt/Megatron-LM
@@ -39,6 +67,7 @@ fi
 
 # Megatron-FSDP requires CUDA_DEVICE_MAX_CONNECTIONS unset or > 1.
 unset CUDA_DEVICE_MAX_CONNECTIONS
+# A hung collective fails the job after --distributed-timeout-minutes instead of blocking it.
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
@@ -78,22 +107,32 @@ MEGATRON_ARGS=(
   --lr 0.0003
   --min-lr 3e-05
   --lr-decay-style cosine
-  --weight-decay 0.1
+  --weight-decay 0.033
   --adam-beta1 0.9
   --adam-beta2 0.95
-  --adam-eps 1e-08
+  --adam-eps 1e-05
   --clip-grad 1.0
+  --seed 1234
+  --distributed-timeout-minutes 60
 )
 
 TOKENS_PER_ITERATION=4194304
 if [[ -n "${TRAIN_TOKENS:-}" && -z "${TRAIN_ITERS:-}" ]]; then
   TRAIN_ITERS="$(( (TRAIN_TOKENS + TOKENS_PER_ITERATION - 1) / TOKENS_PER_ITERATION ))"
 fi
+TRAIN_ITERS="${TRAIN_ITERS:-1168251}"
+LR_WARMUP_ITERS="${LR_WARMUP_ITERS:-2000}"
+DECAY_ITERS="$TRAIN_ITERS"
+if (( LR_WARMUP_ITERS >= DECAY_ITERS )); then
+  echo "pretrain_gpt.sh: LR_WARMUP_ITERS ($LR_WARMUP_ITERS) must be below the $DECAY_ITERS decay iterations (Megatron asserts it); train longer (TRAIN_TOKENS, TRAIN_ITERS) or lower LR_WARMUP_ITERS" >&2
+  exit 2
+fi
 RUN_ARGS=(
-  --train-iters "${TRAIN_ITERS:-20}"
+  --train-iters "$TRAIN_ITERS"
+  --lr-warmup-iters "$LR_WARMUP_ITERS"
   --log-interval "${LOG_INTERVAL:-1}"
-  --eval-interval "${EVAL_INTERVAL:-1000}"
-  --eval-iters "${EVAL_ITERS:-0}"
+  --eval-interval "${EVAL_INTERVAL:-2000}"
+  --eval-iters "${EVAL_ITERS:-32}"
 )
 if [[ -n "${DATA_PATH:-}" ]]; then
   read -r -a DATA_PREFIXES <<< "$DATA_PATH"
@@ -107,7 +146,7 @@ else
   exit 2
 fi
 if [[ -n "${CHECKPOINT_DIR:-}" ]]; then
-  RUN_ARGS+=(--save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" --save-interval "${SAVE_INTERVAL:-1000}")
+  RUN_ARGS+=(--save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR" --save-interval "${SAVE_INTERVAL:-2000}")
 fi
 
 exec torchrun \

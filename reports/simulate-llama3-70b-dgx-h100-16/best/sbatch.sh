@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 #SBATCH --job-name=autotune-tp4-pp1-dp16-cp2-v1-z2-mb1-rn-sp
+##SBATCH --partition=<partition>   (a disabled placeholder: drop one '#' and fill it in)
+##SBATCH --account=<account>   (a disabled placeholder: drop one '#' and fill it in)
+##SBATCH --time=<time>   (a disabled placeholder: drop one '#' and fill it in)
 #SBATCH --nodes=16
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=8
@@ -21,5 +24,17 @@ NNODES="$SLURM_NNODES"
 GPUS_PER_NODE=8
 export MASTER_ADDR MASTER_PORT NNODES GPUS_PER_NODE
 
+# Tasks run in CONTAINER_IMAGE through pyxis/enroot when one is set (srun --container-image),
+# with the artifacts folder mounted at the same path plus CONTAINER_MOUNTS (SRC:DST[,SRC:DST]).
+CONTAINER_IMAGE_DEFAULT=''
+CONTAINER_MOUNTS_DEFAULT=''
+CONTAINER_IMAGE="${CONTAINER_IMAGE:-$CONTAINER_IMAGE_DEFAULT}"
+CONTAINER_MOUNTS="${CONTAINER_MOUNTS:-$CONTAINER_MOUNTS_DEFAULT}"
+SRUN_ARGS=(--ntasks-per-node=1 --kill-on-bad-exit=1)
+if [[ -n "$CONTAINER_IMAGE" ]]; then
+  SRUN_ARGS+=(--container-image="$CONTAINER_IMAGE" --container-workdir="$ARTIFACTS_DIR")
+  SRUN_ARGS+=(--container-mounts="$ARTIFACTS_DIR:$ARTIFACTS_DIR${CONTAINER_MOUNTS:+,$CONTAINER_MOUNTS}")
+fi
+
 # One task per node; pretrain_gpt.sh takes NODE_RANK from the task's SLURM_NODEID.
-srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash "$ARTIFACTS_DIR/pretrain_gpt.sh" "$@"
+srun "${SRUN_ARGS[@]}" bash "$ARTIFACTS_DIR/pretrain_gpt.sh" "$@"

@@ -4,6 +4,28 @@
 # Layout: tp=8,pp=16,cp=8,vpp=1,zero=1,offload=optimizer,mbs=1,recompute=selective,sp=on
 # Pipeline stages hold 7 (first), 8 (middle) and 7 (last) layers: the embedding and/or loss count as layers.
 #
+# A TRAINING RUN of the recipe below: 929833 iterations = 15600000000000 tokens by default
+# (16777216 tokens per iteration), warm-up 8000 iterations, cosine decay.
+#
+# Training recipe, from the published one: Llama 3 Herd of Models (Dubey et al. 2024), section 3.4.1: peak lr 8e-5, linear warm-up of 8,000 steps, cosine decay to 8e-7 over 1,200,000 steps; 15.6T pre-training tokens (section 3).
+# Values autotune chose (set them in the config's recipe: section):
+#   lr = 8e-05 (published recipe)
+#   min_lr = 8e-07 (published recipe)
+#   warmup_iters = 8,000 (published recipe)
+#   decay_style = cosine (published recipe)
+#   decay_iters = 1,200,000 (published recipe)
+#   weight_decay = 0.1 (autotune default: AdamW weight decay of Llama 2 and GPT-3)
+#   clip_grad = 1.0 (autotune default: global gradient-norm clip of Llama 2 and GPT-3)
+#   adam_beta1 = 0.9 (autotune default: Llama 2 and GPT-3)
+#   adam_beta2 = 0.95 (autotune default: Llama 2 and GPT-3)
+#   adam_eps = 1e-08 (autotune default: GPT-3 (Brown et al. 2020, Appendix B))
+#   seed = 1234 (autotune default: Megatron-LM's default --seed)
+#   train_tokens = 15,600,000,000,000 tokens (929,833 iterations) (published recipe)
+#   save_interval = 1,000 (autotune default: a checkpoint every 1,000 iterations)
+#   eval_interval = 1,000 (autotune default: Megatron-LM's default --eval-interval)
+#   eval_iters = 10 (autotune default: ten validation batches per evaluation)
+#   distributed_timeout_minutes = 60 (autotune default: Megatron's and DeepSpeed's 10 minutes are shorter than a large model's checkpoint load or a long-context step)
+#
 # Run on every node (sbatch.sh does this through srun):
 #   MEGATRON_LM=<checkout> NNODES=<nodes> NODE_RANK=<this node> MASTER_ADDR=<node 0> bash pretrain_gpt.sh
 # Arguments of this script are appended to the rendered flags (argparse keeps the last value).
@@ -16,8 +38,9 @@
 #   TOKENIZER_TYPE   --tokenizer-type (default HuggingFaceTokenizer)
 #   SPLIT            --split train,valid,test (default 99,1,0)
 #   CHECKPOINT_DIR   --save and --load (unset: no checkpoints); SAVE_INTERVAL (default 1000)
-#   TRAIN_ITERS      --train-iters (default 20), or TRAIN_TOKENS: iterations = tokens / 16777216
-#   EVAL_INTERVAL, EVAL_ITERS  (default 1000, 0: no evaluation); LOG_INTERVAL (default 1)
+#   TRAIN_ITERS      --train-iters (default 929833), or TRAIN_TOKENS: iterations = tokens / 16777216
+#   LR_WARMUP_ITERS  --lr-warmup-iters (default 8000); it must stay below the decay length
+#   EVAL_INTERVAL, EVAL_ITERS  (default 1000, 10; 0: no evaluation); LOG_INTERVAL (default 1)
 set -euo pipefail
 
 MEGATRON_LM_DEFAULT=/opt/Megatron-LM
@@ -40,6 +63,7 @@ fi
 
 # Tensor/context parallelism: Megatron requires one hardware work queue (pre-Blackwell GPUs).
 export CUDA_DEVICE_MAX_CONNECTIONS=1
+# A hung collective fails the job after --distributed-timeout-minutes instead of blocking it.
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
@@ -80,25 +104,36 @@ MEGATRON_ARGS=(
   --rope-scaling-factor 8
   --bf16
   --log-throughput
-  --lr 0.0003
-  --min-lr 3e-05
+  --lr 8e-05
+  --min-lr 8e-07
   --lr-decay-style cosine
+  --lr-decay-iters 1200000
   --weight-decay 0.1
   --adam-beta1 0.9
   --adam-beta2 0.95
   --adam-eps 1e-08
   --clip-grad 1.0
+  --seed 1234
+  --distributed-timeout-minutes 60
 )
 
 TOKENS_PER_ITERATION=16777216
 if [[ -n "${TRAIN_TOKENS:-}" && -z "${TRAIN_ITERS:-}" ]]; then
   TRAIN_ITERS="$(( (TRAIN_TOKENS + TOKENS_PER_ITERATION - 1) / TOKENS_PER_ITERATION ))"
 fi
+TRAIN_ITERS="${TRAIN_ITERS:-929833}"
+LR_WARMUP_ITERS="${LR_WARMUP_ITERS:-8000}"
+DECAY_ITERS=1200000
+if (( LR_WARMUP_ITERS >= DECAY_ITERS )); then
+  echo "pretrain_gpt.sh: LR_WARMUP_ITERS ($LR_WARMUP_ITERS) must be below the $DECAY_ITERS decay iterations (Megatron asserts it); train longer (TRAIN_TOKENS, TRAIN_ITERS) or lower LR_WARMUP_ITERS" >&2
+  exit 2
+fi
 RUN_ARGS=(
-  --train-iters "${TRAIN_ITERS:-20}"
+  --train-iters "$TRAIN_ITERS"
+  --lr-warmup-iters "$LR_WARMUP_ITERS"
   --log-interval "${LOG_INTERVAL:-1}"
   --eval-interval "${EVAL_INTERVAL:-1000}"
-  --eval-iters "${EVAL_ITERS:-0}"
+  --eval-iters "${EVAL_ITERS:-10}"
 )
 if [[ -n "${DATA_PATH:-}" ]]; then
   read -r -a DATA_PREFIXES <<< "$DATA_PATH"
