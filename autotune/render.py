@@ -31,6 +31,8 @@ from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.estimate import estimate as estimate_layout
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
+from autotune.frameworks.base import MEGATRON_LM
+from autotune.frameworks.base import TRIAL_ITERS
 from autotune.frameworks.base import RenderOptions
 from autotune.frameworks.deepspeed import TrainProgram
 from autotune.frameworks.deepspeed import config as deepspeed_config
@@ -122,8 +124,8 @@ def _render_options(
     time_limit: str | None = None,
     extra: Sequence[str] = (),
     program: TrainProgram | None = None,
-    megatron_lm: str = "/opt/Megatron-LM",
-    train_iters: int = 20,
+    megatron_lm: str = MEGATRON_LM,
+    train_iters: int = TRIAL_ITERS,
     trial: bool = False,
 ) -> RenderOptions:
     """The RenderOptions of a layout: checked #SBATCH lines (the arguments win over the config's
@@ -154,8 +156,8 @@ def render_artifacts(
     *,
     job_name: str | None = None,
     program: TrainProgram | None = None,
-    megatron_lm: str = "/opt/Megatron-LM",
-    train_iters: int = 20,
+    megatron_lm: str = MEGATRON_LM,
+    train_iters: int = TRIAL_ITERS,
     trial: bool = False,
 ) -> dict[str, str]:
     """File name → text of the framework's artifacts, without layout.json and manifest.json.
@@ -214,8 +216,8 @@ def write_artifacts(
     extra_manifest: Mapping[str, Any] | None = None,
     job_name: str | None = None,
     program: TrainProgram | None = None,
-    megatron_lm: str = "/opt/Megatron-LM",
-    train_iters: int = 20,
+    megatron_lm: str = MEGATRON_LM,
+    train_iters: int = TRIAL_ITERS,
     trial: bool = False,
     from_layout: Layout | None = None,
 ) -> dict[str, Path]:

@@ -76,6 +76,13 @@ def rule(into: list[Rule], name: str, reason: str, group: RuleGroup) -> Callable
     return register
 
 
+MEGATRON_LM = "/opt/Megatron-LM"
+"""Where rendered Megatron scripts look for Megatron-LM when the environment has no
+MEGATRON_LM (NVIDIA's PyTorch containers' habit)."""
+TRIAL_ITERS = 20
+"""Optimizer steps of a rendered trial script by default."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class RenderOptions:
     """How the artifacts of a layout are rendered (defaults: ready to train, not a trial)."""
@@ -86,9 +93,9 @@ class RenderOptions:
     """sbatch.sh asks for GPUs (False on a CPU-only cluster)."""
     program: Any = None
     """DeepSpeed: the training program the launch scripts run (`TrainProgram`)."""
-    megatron_lm: str = "/opt/Megatron-LM"
+    megatron_lm: str = MEGATRON_LM
     """Megatron: checkout used when the environment has no MEGATRON_LM."""
-    train_iters: int = 20
+    train_iters: int = TRIAL_ITERS
     """Default optimizer steps of a trial script."""
     trial: bool = False
     """Render for autotune's short trials (synthetic data by default), not for training."""

@@ -17,6 +17,8 @@ import numpy as np
 
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.terms import StageSplit
+from autotune.frameworks.base import MEGATRON_LM
+from autotune.frameworks.base import TRIAL_ITERS
 from autotune.frameworks.base import Framework
 from autotune.frameworks.base import RenderOptions
 from autotune.frameworks.base import Rule
@@ -317,8 +319,8 @@ def launch_script(
     cfg: AutotuneConfig,
     layout: Layout,
     *,
-    megatron_lm: str = "/opt/Megatron-LM",
-    train_iters: int = 20,
+    megatron_lm: str = MEGATRON_LM,
+    train_iters: int = TRIAL_ITERS,
     trial: bool = False,
 ) -> str:
     """pretrain_gpt.sh: torchrun of Megatron-LM's `pretrain_gpt.py` with every layout flag.
