@@ -1,5 +1,5 @@
 """`autotune verify DIR`: bad input is one line and exit 2 (the real runs are in
-tests/scaling_tests/test_verify.py)."""
+tests/scaling_tests/test_verify_losses.py)."""
 
 from __future__ import annotations
 
