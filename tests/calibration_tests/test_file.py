@@ -56,9 +56,9 @@ def test_constants_reach_every_estimate() -> None:
     calibrated = apply_calibration(cfg, _calibration(gemm_efficiency=0.4, comm_efficiency=0.6),
                                    "cal.yaml", here=STACK)
     assert calibrated.cluster.gpu.calibration == "cal.yaml"
-    explicit = constants_for(cfg.cluster.gpu).model_copy(
+    explicit = constants_for(cfg.cluster.gpu, cfg.train.software_stack).model_copy(
         update={"gemm_efficiency": 0.4, "comm_efficiency": 0.6})
-    assert constants_for(calibrated.cluster.gpu) == explicit
+    assert constants_for(calibrated.cluster.gpu, cfg.train.software_stack) == explicit
     found = evaluate(calibrated, table)["step_time_s"][0]
     assert found == evaluate(cfg, table, explicit)["step_time_s"][0]
     assert found > evaluate(cfg, table)["step_time_s"][0]

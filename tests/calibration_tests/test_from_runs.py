@@ -29,7 +29,7 @@ def _write_runs(path: Path, noise: float, count: int = 120) -> None:
     feasible = enumerate_layouts(cfg, load_space(None, cfg.train.framework)).feasible
     rows = np.random.default_rng(1).choice(len(feasible), count, replace=False)
     layouts = [feasible.row(int(i)) for i in rows]
-    truth = constants_for(cfg.cluster.gpu).model_copy(update=TRUTH)
+    truth = constants_for(cfg.cluster.gpu, cfg.train.software_stack).model_copy(update=TRUTH)
     from autotune.layout import LayoutTable
 
     steps = evaluate(cfg, LayoutTable.from_layouts(layouts), truth)["step_time_s"]
@@ -40,13 +40,14 @@ def _write_runs(path: Path, noise: float, count: int = 120) -> None:
         writer.writerows([lay.text, f"{s:.6g}"] for lay, s in zip(layouts, noisy, strict=True))
 
 
-@pytest.mark.parametrize(("noise", "tolerance"), [(0.0, 1e-3), (0.02, 0.03)])
+@pytest.mark.parametrize(("noise", "tolerance"), [(0.0, 1e-3), (0.02, 0.05)])
 def test_refit_reproduces_known_constants(tmp_path: Path, noise: float,
                                           tolerance: float) -> None:
     """Oracle: 120 layouts' step times generated with TRUTH (exactly, then with 2 % noise); the
-    refit of the four trial constants recovers them exactly without noise, and within 3 % with
-    it (measured: gemm_efficiency 1.1 %, gemm_half_size 1.6 %, elementwise_passes 2.5 %,
-    comm_efficiency 2.1 %: the last two move step times little, so 2 % noise moves them more)."""
+    refit of the four trial constants recovers them exactly without noise, and within 5 % with
+    it (measured on H100 + Megatron-Core's constants: gemm_efficiency 1.2 %, gemm_half_size
+    2.5 %, elementwise_passes 2.2 %, comm_efficiency 4.1 %: the last two move step times little,
+    so 2 % noise moves them more)."""
     path = tmp_path / "runs.csv"
     _write_runs(path, noise=noise)
     cfg = load_config("llama3-8b", "dgx-h100:4")
