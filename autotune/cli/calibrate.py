@@ -25,7 +25,6 @@ from autotune.cli.app import console
 from autotune.cli.options import with_options
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
-from autotune.report.data import load_run
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.specs import AutotuneConfig
@@ -43,6 +42,8 @@ def _table(calibration: Calibration) -> Table:
 
 def runs_from_study(directory: Path) -> tuple[AutotuneConfig, list[tuple[Layout, float]]]:
     """The problem of a study folder and its measured trials."""
+    from autotune.report.data import load_run  # matplotlib loads with reports only
+
     run = load_run(directory)
     cfg = AutotuneConfig.model_validate(run.config)
     runs = [(Layout(**r["layout_fields"]), float(r["measured_step_time_s"]))

@@ -144,8 +144,10 @@ def _table(rows: list[dict[str, Any]], out: Path) -> Table:
         report = Path(os.path.relpath(Path(row["directory"]) / page, out)).as_posix()
         columns.append([
             i["model"], i["cluster"], f"{i['gpus'] or '–'} × {i['gpu']}", i["framework"],
-            i["runner"] or "–", i["figures"], mode, f"{i['seq_length']:,}", _batch(row),
-            i["precision"], b.get("short", "–"), b.get("source", "–"),
+            i["runner"] or "–", i["figures"], mode,
+            f"{i['seq_length']:,}" if i.get("seq_length") else "–",
+            _batch(row) if i.get("global_batch_size") else "–",
+            i.get("precision") or "–", b.get("short", "–"), b.get("source", "–"),
             num(b.get("tokens_per_s")), num(b.get("tokens_per_s_per_gpu")),
             tflops(b.get("tflops_per_gpu")), pct(b.get("mfu")),
             num(b.get("peak_memory_gib"), 1), num(b.get("days"), 1), num(b.get("cost")),
@@ -185,7 +187,7 @@ def caveats(rows: list[dict[str, Any]]) -> list[str]:
     for key, label in (("seq_length", "sequence lengths"),
                        ("global_batch_size", "global batches"), ("precision", "precisions")):
         values = sorted({_batch(row) if key == "global_batch_size" else str(row["inputs"][key])
-                         for row in rows})
+                         for row in rows if row["inputs"].get(key) is not None})
         if len(values) > 1:
             notes.append(f"different {label} ({', '.join(values)}): throughput per GPU and MFU "
                          "are not like for like")

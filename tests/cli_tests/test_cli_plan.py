@@ -69,6 +69,14 @@ def test_json_folder_report_and_compare(tmp_path: Path) -> None:
 
 
 def test_the_table_marks_uncalibrated_figures(tmp_path: Path) -> None:
-    result = cli(*BASE, "--tokens", "1T", "--out", tmp_path)
+    """Oracle: the stored calibrations. A custom GPU without `like:` has none, so its figures
+    are marked "uncalibrated", never printed bare; a calibrated preset plans as well."""
+    custom = tmp_path / "cluster.yaml"
+    custom.write_text("nodes: 1\ngpus_per_node: 8\ngpu: {name: my-gpu, memory_gb: 80, "
+                      "peak_tflops: {bf16: 989}, hbm_tb_s: 3.35}\nintra_node_gb_s: 450\n"
+                      "inter_node_gb_s: 50\nhost_memory_gb: 2048\npcie_gb_s: 64\n")
+    result = cli("plan", "-m", "llama3-8b", "-c", custom, "--tokens", "1T", "--out", tmp_path)
     assert result.code == 0, result.err
-    assert "uncalibrated" in result.out and "dgx-h100:2" in result.out
+    assert "uncalibrated" in result.out
+    calibrated = cli(*BASE, "--tokens", "1T", "--out", tmp_path / "h100")
+    assert calibrated.code == 0 and "dgx-h100:2" in calibrated.out
