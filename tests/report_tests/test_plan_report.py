@@ -50,8 +50,9 @@ def test_every_size_is_in_the_report_with_its_figures(plan_dir: Path) -> None:
     for p in doc["points"]:
         assert f"| {p['name']} |" in md
         if p["status"] == "ok":
-            assert f"| {p['days']:,.1f} |" in md
-            assert f"| {compact(p['cost'])} |" in md
+            days = with_interval(p["days"], p["days_low"], p["days_high"], 1)
+            cost = with_interval(p["cost"], p["cost_low"], p["cost_high"], short=True)
+            assert f"| {days} |" in md and f"| {cost} |" in md
         else:
             assert f"infeasible: {p['reason']}" in md
     assert doc["choices"][0]["message"] in md
