@@ -242,8 +242,11 @@ class DeepSpeed(Framework):
         program = (options.program or TrainProgram()).context()
         shared = {**header(cfg, layout), **program, "obligations": self.notes(cfg, layout),
                   "recipe": resolve_recipe(cfg), "notices": position_warnings(cfg)}
+        ds_config = config(cfg, layout)
+        if options.trial:  # a few steps at the peak lr: a warm-up from 0 would train nothing,
+            ds_config.pop("scheduler", None)  # and verify's loss curves could not differ
         return {
-            "ds_config.json": json.dumps(config(cfg, layout), indent=2) + "\n",
+            "ds_config.json": json.dumps(ds_config, indent=2) + "\n",
             "launch_deepspeed.sh": render_template(
                 "deepspeed/launch_deepspeed.sh.j2", **shared,
                 tokens_per_iteration=layout.global_batch_size * cfg.train.seq_length),

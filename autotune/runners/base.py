@@ -99,4 +99,4 @@ def check_program(cfg: AutotuneConfig, checkout: object | None, gpus: Callable[[
         return
     on_cpu = ", ".join(f for f in FRAMEWORKS if get_framework(f).trains_on_cpu)
     raise AutotuneError(f"--framework {framework.name}: its trials train on CUDA GPUs only, and "
-                        f"{where} offers none; use --framework {on_cpu}")
+                        f"{where} offers none (use --framework {on_cpu})")
