@@ -29,6 +29,7 @@ import numpy as np
 
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.kernels import routed_tokens
+from autotune.costmodel.sharding import element_bytes
 from autotune.costmodel.sharding import expert_params_on_rank
 from autotune.costmodel.sharding import largest_module_params
 from autotune.costmodel.sharding import params_on_rank
@@ -67,6 +68,7 @@ def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
         replicated = replicated - 2 * sbh
         sharded = sharded - s * t.mbs * (width - q)
     stored: np.ndarray = replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp
+    stored = stored * element_bytes(cfg) / 2  # the counts above are 16-bit
     if not moe:
         return stored
     # the slowest rank's routed copies: expert input and output (2h + 2h, the output kept for
@@ -77,7 +79,7 @@ def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     if te_fp8:  # the grouped GEMMs keep their inputs in fp8
         routed = routed - copies * (m.hidden_size + m.moe_ffn / t.etp)
     router = s * t.mbs / t.tp * 5 * (m.num_experts or 1)
-    moe_stored: np.ndarray = stored + routed + router
+    moe_stored: np.ndarray = stored + routed * element_bytes(cfg) / 2 + router
     return moe_stored
 
 
@@ -92,7 +94,8 @@ def fp8_saved_inputs(cfg: AutotuneConfig) -> bool:
 
 def _layer_input_bytes(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
     s = cfg.train.seq_length / t.cp
-    inputs: np.ndarray = 2 * s * t.mbs * cfg.model.hidden_size / np.where(t.sp, t.tp, 1)
+    inputs: np.ndarray = (element_bytes(cfg) * s * t.mbs * cfg.model.hidden_size
+                          / np.where(t.sp, t.tp, 1))
     return inputs
 
 

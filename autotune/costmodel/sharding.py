@@ -19,7 +19,15 @@ from __future__ import annotations
 import numpy as np
 
 from autotune.layout import LayoutTable
+from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
+
+
+def element_bytes(cfg: AutotuneConfig) -> int:
+    """Bytes of one activation, weight or gradient element in the training dtype: 4 in fp32
+    training, 2 otherwise (bf16/fp16, and fp8 training, whose activations and communication
+    stay 16-bit)."""
+    return 4 if cfg.train.precision == "fp32" else 2
 
 
 def _mean_layer(model: ModelSpec) -> tuple[float, float, float]:

@@ -51,6 +51,7 @@ from autotune.costmodel.expert_dispatch import dispatch_bytes
 from autotune.costmodel.kernels import head_times
 from autotune.costmodel.kernels import mean_layer_times
 from autotune.costmodel.kernels import routed_tokens
+from autotune.costmodel.sharding import element_bytes
 from autotune.costmodel.sharding import expert_params_on_rank
 from autotune.costmodel.sharding import params_on_rank
 from autotune.costmodel.terms import terms_for
@@ -82,7 +83,7 @@ def _tp_layer_s(cfg: AutotuneConfig, t: LayoutTable, linear_forward: np.ndarray,
     """Exposed tensor-parallel communication of one layer and micro-batch."""
     gpn = cfg.cluster.gpus_per_node
     tokens = t.mbs * cfg.train.seq_length / t.cp
-    volume = 2 * tokens * cfg.model.hidden_size
+    volume = element_bytes(cfg) * tokens * cfg.model.hidden_size
     per_node = np.full(len(t), gpn)
     half = collective_s("all_gather", volume, t.tp, per_node, cfg, k)  # = reduce-scatter
     whole = collective_s("all_reduce", volume, t.tp, per_node, cfg, k)
@@ -113,7 +114,8 @@ def _cp_layer_s(cfg: AutotuneConfig, t: LayoutTable, attention_forward: np.ndarr
     m, gpn = cfg.model, cfg.cluster.gpus_per_node
     tokens = t.mbs * cfg.train.seq_length / t.cp
     kv_heads = np.maximum(m.query_groups / t.tp, 1)
-    kv_bytes = 2 * tokens * 2 * kv_heads * m.head_dim  # this rank's K and V, 16-bit
+    width = element_bytes(cfg)
+    kv_bytes = 2 * tokens * width * kv_heads * m.head_dim  # this rank's K and V
     again = (t.recompute >= 1).astype(float)  # recompute repeats the attention forward
     if terms_for(cfg).context_parallel == "ring":
         send = send_s(kv_bytes, t.tp * t.cp > gpn, cfg, k)
@@ -121,7 +123,7 @@ def _cp_layer_s(cfg: AutotuneConfig, t: LayoutTable, attention_forward: np.ndarr
         forward = (t.cp - 1) * exposed_s(send, block, k)
         backward = (t.cp - 1) * exposed_s(2 * send, 2 * block, k)
     else:  # Ulysses: q, k, v to head-sharded, output back to sequence-sharded
-        q_bytes = 2 * tokens * m.num_attention_heads * m.head_dim / t.tp
+        q_bytes = width * tokens * m.num_attention_heads * m.head_dim / t.tp
         per_node = np.maximum(gpn // t.tp, 1)
         forward = all_to_all_s(2 * q_bytes + kv_bytes, t.cp, per_node, cfg, k)
         backward = forward
@@ -245,7 +247,7 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
     bubble = np.where(single, 0.0, (t.pp - 1) / t.vpp * microbatch * chunk_share)
     # each tensor-parallel rank sends its 1/tp slice (sequence parallel, or the scatter/gather
     # optimization of Narayanan et al. 2021 §4.1) through its own NIC
-    p2p_bytes = 2 * t.mbs * train.seq_length / t.cp * m.hidden_size / t.tp
+    p2p_bytes = element_bytes(cfg) * t.mbs * train.seq_length / t.cp * m.hidden_size / t.tp
     send = send_s(p2p_bytes, t.tp * t.cp * t.dp >= gpn, cfg, k)
     sends = np.where(t.vpp > 1, 2 * (t.pp - 1), 2 * (micro + t.pp - 1))
     p2p = np.where(single, 0.0, sends * send)

@@ -25,6 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from autotune.costmodel.constants import Constants
+from autotune.costmodel.sharding import element_bytes
 from autotune.costmodel.sharding import params_on_rank
 from autotune.costmodel.terms import StageSplit
 from autotune.frameworks.base import Framework
@@ -205,20 +206,24 @@ class DeepSpeed(Framework):
         self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray,
         shard: np.ndarray,
     ) -> dict[str, np.ndarray]:
-        """16-bit weights; 16-bit grads + fp32 grad partition; fp32 master + Adam m, v (12 B),
-        sharded over dp·cp (experts: edp, DeepSpeed's expert data-parallel group) by ZeRO; CPU
-        offload moves the optimizer (and ZeRO-3 parameters)."""
+        """w-byte weights and grads (w = 2, or 4 in fp32 training: `element_bytes`) + an fp32
+        grad partition; fp32 master + Adam m, v (12 B), sharded over dp·cp (experts: edp,
+        DeepSpeed's expert data-parallel group) by ZeRO; CPU offload moves the optimizer (and
+        ZeRO-3 parameters). Without ZeRO, fp32 training steps the torch optimizer on the weights
+        themselves: no fp32 copies (grads 4 B, Adam m, v 8 B)."""
         n, z, off = shard, t.zero, t.offload
-        weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
+        w = element_bytes(cfg)
+        copies = 0 if w == 4 else 4  # the fp32 grad and master copies of 16-bit training
+        weights = np.where(z >= 3, w * params / n + w * gathered, w * params)
         grads = np.select(
             [z == 0, z == 1, z == 2],
-            [6 * params, 2 * params + 4 * params / n, 6 * params / n],
-            4 * params / n + 2 * gathered,
+            [(w + copies) * params, w * params + 4 * params / n, (w + 4) * params / n],
+            4 * params / n + w * gathered,
         )
-        optimizer = np.where(z == 0, 12 * params, 12 * params / n)
-        weights = np.where(off == 2, 2 * gathered, weights)
+        optimizer = np.where(z == 0, (8 + copies) * params, 12 * params / n)
+        weights = np.where(off == 2, w * gathered, weights)
         offloaded = off >= 1
-        grads = np.where(offloaded, np.where(z >= 3, 2 * gathered, 0.0), grads)
+        grads = np.where(offloaded, np.where(z >= 3, w * gathered, 0.0), grads)
         optimizer = np.where(offloaded, 0.0, optimizer)
         host = offloaded * 16 * params / n + (off == 2) * 2 * params / n
         return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
@@ -230,10 +235,12 @@ class DeepSpeed(Framework):
         return bucket_elements(params)
 
     def buffer_bytes(self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> np.ndarray:
-        """overlap_comm double-buffers the reduce bucket; ZeRO-3 adds a prefetch bucket."""
+        """overlap_comm double-buffers the reduce bucket; ZeRO-3 adds a prefetch bucket (in the
+        training dtype's width)."""
         bucket = bucket_elements(params)
-        reduce = np.where(t.zero >= 1, 2 * 2 * bucket, 0.0)
-        return reduce + np.where(t.zero >= 3, 2 * ZERO3_PREFETCH_FRACTION * bucket, 0.0)
+        w = element_bytes(cfg)
+        reduce = np.where(t.zero >= 1, 2 * w * bucket, 0.0)
+        return reduce + np.where(t.zero >= 3, w * ZERO3_PREFETCH_FRACTION * bucket, 0.0)
 
     def render(
         self, cfg: AutotuneConfig, layout: Layout, options: RenderOptions

@@ -75,6 +75,7 @@ from autotune.workloads.common import workload_parser
 from autotune.workloads.instruments import SLOW_S
 from autotune.workloads.instruments import PartClock
 from autotune.workloads.instruments import collective_kind
+from autotune.workloads.instruments import cpu_wait_s
 from autotune.workloads.instruments import faults
 from autotune.workloads.instruments import time_collectives
 
@@ -799,16 +800,17 @@ def train(trial: Trial, reporter: Reporter, inject: str | None) -> dict[str, Any
     def timed_step(step: int) -> tuple[float, float]:
         if inject_failure(inject, step, trial.device):
             trial.loss_fn.scale = math.nan  # the injected NaN goes into the loss scale
-        start = time.perf_counter()
+        start, waited = time.perf_counter(), cpu_wait_s()
         local = train_step(trial, step)
         get_accelerator().synchronize()
         step_time_s = time.perf_counter() - start
+        waited = cpu_wait_s() - waited
         own = float(local)
         loss = _global_loss(trial, local)
         parts = trial.clock.take()
         _record(trial.series, compute_s=parts.get("compute", 0.0), data_s=parts.get("data", 0.0),
                 losses=None if trial.pipeline else own, data=trial.data.take_fingerprint(),
-                parts=parts, step_s=step_time_s)
+                parts=parts, step_s=step_time_s, cpu_wait_s=waited)
         return step_time_s, loss
 
     summary = train_loop(trial.plan, reporter, trial.device, timed_step,
@@ -838,8 +840,11 @@ def measured_parts(trial: Trial, summary: dict[str, Any]) -> dict[str, Any]:
     names = sorted({name for parts in steps for name in parts})
     breakdown = {name: sum(p.get(name, 0.0) for p in steps) / len(steps) for name in names}
     step_s = sum(trial.series["step_s"][warmup:]) / len(steps)
+    # the rank that waited longest for a CPU (contention from other processes, not a part)
+    waits = [sum(r.get("cpu_wait_s", [])) / len(steps) for r in every if r]
     return {"breakdown": {"parts": breakdown, "step_time_s": step_s,
-                          "unattributed_s": step_s - sum(breakdown.values())},
+                          "unattributed_s": step_s - sum(breakdown.values()),
+                          "cpu_wait_s": max(waits, default=0.0)},
             "ranks": every}
 
 

@@ -228,3 +228,25 @@ def test_published_fsdp_zero2_with_a_pipeline_is_judged_as_it_ran() -> None:
     assert (rendered - published) / GIB == pytest.approx(4 * stage * (1 - 1 / 64) / GIB, rel=1e-3)
     assert estimate(run.cfg, run.as_published(layout), k).peak_memory_bytes <= (
         usable_gpu_bytes(run.cfg, k) * 1.03)
+
+
+def test_fp32_training_without_zero_holds_what_torch_adamw_allocates() -> None:
+    """Oracle: torch. An fp32 model stepped by torch's AdamW holds its weights, their grads and
+    Adam's exp_avg and exp_avg_sq, 4 B each per parameter (16 B), and no 16-bit or master
+    copies: the model states of fp32 training at ZeRO 0 are those bytes."""
+    import torch
+
+    module = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 32))
+    optimizer = torch.optim.AdamW(module.parameters())
+    module(torch.randn(4, 64)).sum().backward()
+    optimizer.step()
+    params = sum(p.numel() for p in module.parameters())
+    tensors = [*module.parameters(), *(p.grad for p in module.parameters())]
+    tensors += [v for state in optimizer.state.values() for v in state.values() if v.dim()]
+    per_param = sum(t.numel() * t.element_size() for t in tensors) / params
+    cfg = load_config("tiny-gpt", "local", processes=2, framework="deepspeed")
+    layout = Layout.parse("tp=1,pp=1,cp=1,zero=0,mbs=1", cfg.world_size,
+                          cfg.train.global_batch_size, get_framework("deepspeed"))
+    held = _model_states(cfg, layout) / cfg.model.param_counts().total
+    assert per_param == 16
+    assert held == pytest.approx(per_param)

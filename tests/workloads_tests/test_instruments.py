@@ -6,7 +6,11 @@ tiny-gpt) through the trial pipeline, so the validity gate reads what DeepSpeed 
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,7 @@ from autotune.workloads.instruments import FAULTS_ENV
 from autotune.workloads.instruments import SLOW_S
 from autotune.workloads.instruments import PartClock
 from autotune.workloads.instruments import collective_kind
+from autotune.workloads.instruments import cpu_wait_s
 from autotune.workloads.instruments import faults
 from autotune.workloads.instruments import time_collectives
 
@@ -145,3 +150,26 @@ def test_fewer_processes_than_the_layout_asks_is_invalid(tmp_path: Path) -> None
     m = _run(tmp_path, DP2, "fit_world", runner=_OneProcess)
     assert m.status == "invalid", m.reason + m.log_tail[-2000:]
     assert "world_size ran 1, layout asks 2; dp ran 1, layout asks 2" in m.reason
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists()
+                    or not hasattr(os, "sched_setaffinity"), reason="Linux schedstat only")
+def test_cpu_wait_counts_the_time_a_busy_sibling_held_our_cpu() -> None:
+    """Oracle: the Linux scheduler. A spinning child pinned to our one CPU takes about half
+    of it, so 0.4 s of our own spinning leaves us waiting for the CPU a good part of that."""
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)  # the child is running
+        waited = cpu_wait_s()
+        end = time.monotonic() + 0.4
+        while time.monotonic() < end:
+            pass
+        waited = cpu_wait_s() - waited
+    finally:
+        child.kill()
+        child.wait()
+        os.sched_setaffinity(0, before)
+    assert 0.08 < waited < 0.4
