@@ -116,6 +116,9 @@ class FittedConstant(BaseModel):
     """Largest |predicted/measured - 1| after the fit."""
     at_bound: str | None = None
     """`lower` or `upper` when the value sits on its physical bound (the model lacks a term)."""
+    stderr: float | None = Field(default=None, ge=0)
+    """Relative standard error (1σ) of the value: the residual scatter through the fit's
+    Jacobian, σ·sqrt(diag((JᵀJ)⁻¹)) in log space; how well these points identify it."""
 
 
 class WorkerRate(BaseModel):

@@ -28,6 +28,7 @@ from autotune.calibration.fit import TRIAL_REFIT
 from autotune.calibration.fit import Measured
 from autotune.calibration.fit import at_bounds
 from autotune.calibration.fit import fit_constants
+from autotune.costmodel.constants import Constants
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.estimate import evaluate
 from autotune.exceptions import AutotuneError
@@ -75,6 +76,31 @@ def runs_from_file(cfg: AutotuneConfig, path: Path) -> list[tuple[Layout, float]
     return runs
 
 
+UNIDENTIFIED = 0.1
+"""A refitted constant whose relative standard error exceeds this is named in a warning: the
+runs barely move it, so its value is mostly their noise."""
+
+
+def relative_stderr(cfg: AutotuneConfig, table: LayoutTable, fitted: Constants,
+                    names: Sequence[str], log_residuals: np.ndarray) -> np.ndarray:
+    """1σ relative error of each fitted constant: J = d log(step) / d log(constant) by finite
+    differences at the fit, σ² = Σ r² / (n − p) of the log residuals, cov = σ² (JᵀJ)⁻¹ (the
+    Gauss-Newton covariance of least squares; with noise of σ it is the Cramér-Rao bound)."""
+    step = 1e-3
+    base = np.log(np.asarray(evaluate(cfg, table, fitted)["step_time_s"]))
+    columns = []
+    for name in names:
+        moved = fitted.model_copy(update={name: getattr(fitted, name) * np.exp(step)})
+        columns.append((np.log(np.asarray(evaluate(cfg, table, moved)["step_time_s"])) - base)
+                       / step)
+    jacobian = np.stack(columns, axis=1)
+    dof = max(len(log_residuals) - len(names), 1)
+    variance = float(np.sum(log_residuals ** 2)) / dof
+    covariance = variance * np.linalg.pinv(jacobian.T @ jacobian)
+    stderr: np.ndarray = np.sqrt(np.maximum(np.diag(covariance), 0.0))
+    return stderr
+
+
 def calibrate_from_runs(cfg: AutotuneConfig, runs: Sequence[tuple[Layout, float]],
                         source: str, names: Sequence[str] = TRIAL_REFIT) -> Calibration:
     """Refit `names` to the runs (`fit_constants`, the search's fit) and write them with their
@@ -97,17 +123,22 @@ def calibrate_from_runs(cfg: AutotuneConfig, runs: Sequence[tuple[Layout, float]
     measured = np.array([step for _, step in runs])
     errors = np.abs(predicted / measured - 1)
     bounds = {name: side for name, side, _ in at_bounds(fitted, names)}
+    stderr = relative_stderr(cfg, table, fitted, names, np.log(predicted / measured))
     constants = {
         name: FittedConstant(value=float(getattr(fitted, name)), before=float(getattr(base, name)),
                              points=len(runs), median_residual=float(np.median(errors)),
-                             max_residual=float(np.max(errors)), at_bound=bounds.get(name))
-        for name in names}
+                             max_residual=float(np.max(errors)), at_bound=bounds.get(name),
+                             stderr=float(se))
+        for name, se in zip(names, stderr, strict=True)}
     tokens = cfg.train.global_batch_size * cfg.train.seq_length
     steps = [Point(kind="step", op=layout.text, seconds=step, rate=tokens / step,
                    predicted_s=float(p))
              for (layout, step), p in zip(runs, predicted, strict=True)]
     warnings = [f"{name} = {getattr(fitted, name):.4g} sits on its {side} bound: the model "
                 "lacks a term these runs need" for name, side in bounds.items()]
+    warnings += [f"{name} = {c.value:.4g} ± {c.stderr:.0%} (1σ): these runs barely move it; "
+                 "add runs whose step time depends on it" for name, c in constants.items()
+                 if c.stderr is not None and c.stderr > UNIDENTIFIED and not c.at_bound]
     return Calibration(
         created=datetime.datetime.now(datetime.UTC).replace(microsecond=0), source="runs",
         cluster=cfg.cluster.name, gpu=gpu.model_copy(update={"constants": {}, "calibration": ""}),
