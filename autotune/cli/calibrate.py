@@ -32,11 +32,13 @@ from autotune.specs import AutotuneConfig
 
 def _table(calibration: Calibration) -> Table:
     table = Table(title=f"Fitted constants ({len(calibration.points)} points)")
-    for column in ("constant", "before", "fitted", "median |error|", "max |error|", "bound"):
+    for column in ("constant", "before", "fitted", "± (1σ)", "median |error|", "max |error|",
+                   "bound"):
         table.add_column(column)
     for name, c in calibration.constants.items():
-        table.add_row(name, f"{c.before:.4g}", f"{c.value:.4g}", f"{c.median_residual:.1%}",
-                      f"{c.max_residual:.1%}", c.at_bound or "")
+        spread = "" if c.stderr is None else f"{c.stderr:.1%}"
+        table.add_row(name, f"{c.before:.4g}", f"{c.value:.4g}", spread,
+                      f"{c.median_residual:.1%}", f"{c.max_residual:.1%}", c.at_bound or "")
     return table
 
 
