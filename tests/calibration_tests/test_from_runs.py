@@ -64,12 +64,13 @@ def test_refit_reproduces_known_constants(tmp_path: Path) -> None:
 def test_noisy_refit_is_as_close_as_its_runs_identify_and_predicts_new_layouts() -> None:
     """Oracle: step times generated with TRUTH times 1 + N(0, 2 %). How close a constant can
     come is set by how much the runs' step times depend on it (the Cramér-Rao bound): on these
-    120 random layouts of llama3-8b on 4 H100 nodes it is about 1.5 % (1σ) for gemm_efficiency,
-    2.5 % for elementwise_passes, 7 % for gemm_half_size and 9 % for comm_efficiency (it moves a
-    step time ~2 % per 100 %), so no fit reproduces all four within 2 %. Each refitted constant
-    lies within 3 of its reported standard errors of the truth, the errors are that bound (not
-    0, not many times it), and the refit predicts 60 layouts it never saw within 1.5 % (median)
-    of their true step time: the constants trade off, the predictions do not."""
+    120 random layouts of llama3-8b on 4 H100 nodes it is about 1.4 % (1σ) for gemm_efficiency,
+    2.1 % for elementwise_passes, 2.4 % for comm_efficiency and 7.7 % for gemm_half_size (a 1 %
+    change moves the step times 0.54, 0.21, 0.08 and 0.10 % rms), so no fit reproduces all four
+    within 2 %. Each refitted constant lies within 3 of its reported standard errors of the
+    truth, the errors are that bound (not 0, not many times it), and the refit predicts 60
+    layouts it never saw within 0.5 % median, 2 % max, of their true step time (0.14 % and
+    0.52 % measured): the constants trade off, the predictions do not."""
     cfg = load_config("llama3-8b", "dgx-h100:4")
     layouts, _, noisy = _runs(0.02)
     calibration = calibrate_from_runs(cfg, list(zip(layouts, noisy, strict=True)), "noisy")
@@ -84,7 +85,7 @@ def test_noisy_refit_is_as_close_as_its_runs_identify_and_predicts_new_layouts()
         update=calibration.values())
     predicted = evaluate(cfg, LayoutTable.from_layouts(unseen), k)["step_time_s"]
     errors = np.abs(predicted / truth_s - 1)
-    assert np.median(errors) < 0.015 and np.max(errors) < 0.05
+    assert np.median(errors) < 0.005 and np.max(errors) < 0.02
 
 
 def test_constant_on_bound_is_warned(tmp_path: Path) -> None:
