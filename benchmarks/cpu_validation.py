@@ -49,11 +49,14 @@ LAYOUTS = [
     "tp=1,pp=1,cp=2,zero=0,mbs=2", "tp=1,pp=1,cp=2,zero=2,mbs=4",
 ]
 """Layouts of 2 workers: dp 2 or 1, tp, pp, cp 2, ZeRO 0-3, both offloads, mbs 1-8."""
-MOE_LAYOUTS = [text for text in LAYOUTS if "tp=2" not in text and "zero=3" not in text] + [
+MOE_LAYOUTS = [text for text in LAYOUTS
+               if "tp=2" not in text and "zero=3" not in text and "cp=2" not in text] + [
     "tp=1,pp=1,cp=1,ep=2,zero=0,mbs=2", "tp=1,pp=1,cp=1,ep=2,zero=1,mbs=4",
-    "tp=1,pp=1,cp=1,ep=2,zero=2,mbs=1",
+    "tp=1,pp=1,cp=1,ep=2,zero=2,mbs=1", "tp=1,pp=1,cp=1,ep=2,zero=0,mbs=4",
+    "tp=1,pp=1,cp=1,ep=2,zero=1,mbs=1",
 ]
-"""The MoE model's: DeepSpeed's MoE refuses ZeRO-3 and the CPU workload tp > 1; ep 2 instead."""
+"""The MoE model's: DeepSpeed's MoE refuses ZeRO-3 and Ulysses, the CPU workload tp > 1; ep 2
+instead."""
 MODELS = {"tiny-gpt": LAYOUTS, "tiny-moe": MOE_LAYOUTS}
 
 
