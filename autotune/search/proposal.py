@@ -45,6 +45,8 @@ from autotune.calibration.term_scales import prior_fit
 from autotune.calibration.term_scales import term_seconds
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.estimate import evaluate
+from autotune.layout import DIMS
+from autotune.layout import GRID_DIMS
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.search.memory_learning import OOM_GAP
@@ -118,24 +120,26 @@ class Proposal:
 
 
 def structure(t: LayoutTable) -> np.ndarray:
-    """Integer codes per row of what makes a family: the tp·pp·cp·ep·etp factorisation,
-    recompute, ZeRO family."""
+    """Integer codes per row of what makes a family, one column per factor: each grid
+    dimension of `autotune.layout.DIMS` (tp, pp, cp, ep, etp), recompute and the ZeRO family
+    (replicated, sharded optimizer/gradients, sharded parameters)."""
     zero_family = np.select([t.zero == 0, t.zero < 3], [0, 1], 2)
-    grid = np.unique(np.column_stack([t.tp, t.pp, t.cp, t.ep, t.etp]), axis=0,
-                     return_inverse=True)[1]
-    return np.column_stack([grid.ravel(), t.recompute, zero_family])
+    columns = [getattr(t, d.name) if d.name != "zero" else zero_family
+               for d in DIMS if d.kind in ("grid", "structure")]
+    return np.column_stack(columns)
 
 
 def grid_keys(t: LayoutTable) -> np.ndarray:
-    """An integer per row naming the memory neighbourhood of an OOM: the tp·pp·cp·ep·etp grid,
-    ZeRO stage and offload (the same shard of model states and the same buffers per GPU)."""
-    columns = np.column_stack([t.tp, t.pp, t.cp, t.ep, t.etp, t.zero, t.offload])
+    """An integer per row naming the memory neighbourhood of an OOM: the grid (tp, pp, cp, ep,
+    etp), ZeRO stage and offload (the same shard of model states and the same buffers per
+    GPU)."""
+    columns = np.column_stack([getattr(t, name) for name in (*GRID_DIMS, "zero", "offload")])
     return np.unique(columns, axis=0, return_inverse=True)[1].ravel()
 
 
 def family_keys(t: LayoutTable) -> np.ndarray:
-    """An integer per row naming its structural family (tp, pp, cp, ep, etp, recompute, ZeRO
-    family)."""
+    """An integer per row naming its structural family (`structure`: tp, pp, cp, ep, etp,
+    recompute, ZeRO family)."""
     return np.unique(structure(t), axis=0, return_inverse=True)[1].ravel()
 
 
