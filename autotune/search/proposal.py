@@ -1,7 +1,9 @@
 """Which feasible layout to measure next, from the trials so far (no Optuna here).
 
 Every proposal is an untried row of the enumerated feasible table (so no rule-rejected point and
-no layout twice) that the memory model, corrected by the trials, expects to fit. What the
+no layout twice) that the memory model, corrected by the trials, finds at least `P_FIT` likely
+to fit (`P_FIT_WARM` in the warm start); every score is charged that probability (an OOM
+measures nothing). What the
 trials say about speed (`Proposer.belief`): the physical constants refitted to them
 (`autotune.calibration.fit.fit_trials`), then one scale per term of the step time
 (`autotune.calibration.term_scales`: compute, tp/cp/ep communication, pipeline, dp, ZeRO-3,
@@ -22,8 +24,8 @@ posterior and the process. Among the rows that may run:
 5. otherwise the largest expected improvement over the best measured throughput plus the
    noise, so layouts tied with a measured one within the noise are not worth a trial.
 
-Ties (within the noise, `TIE`) are one choice: seed 0 takes the model's favourite, any other
-seed draws among them, so different seeds run different trials. `Proposer.confidence` says
+Ties (within the noise, `TIE`) are one choice: seed 0 takes the one most likely to fit, any
+other seed draws among them, so different seeds run different trials. `Proposer.confidence` says
 how likely an untried layout beats the winner by more than the noise (Monte Carlo over the
 scales' posterior and the process, jointly over the most promising rows).
 """
