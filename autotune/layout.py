@@ -19,14 +19,48 @@ OFFLOADS = ("none", "optimizer", "optimizer+params")
 """Offload choices, in code order (the table stores their index)."""
 RECOMPUTES = ("none", "selective", "full")
 """Activation recompute choices, in code order."""
-SEARCH_DIMS = ("tp", "pp", "cp", "vpp", "zero", "offload", "mbs", "recompute", "sp", "ep", "etp")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dim:
+    """One dimension of a layout: what the search, the surrogate and the families read."""
+
+    name: str
+    kind: str
+    """grid (the tp·pp·cp·ep·etp factorisation), structure (another factor of a family: ZeRO,
+    recompute), refinement (vpp, mbs, sp, offload: variants within a family) or derived (dp and
+    gas follow from the others)."""
+    type: str
+    """int, choice (an index into `choices`) or bool."""
+    limit_reason: str = ""
+    """Why an integer's --layout upper bound is what it is."""
+    log_scaled: bool = False
+    """The surrogate reads it as log2 (degrees and sizes that double)."""
+    choices: tuple[str, ...] = ()
+
+
+DIMS = (
+    Dim("tp", "grid", "int", "the cluster's GPUs", log_scaled=True),
+    Dim("pp", "grid", "int", "the cluster's GPUs", log_scaled=True),
+    Dim("dp", "derived", "int", "the cluster's GPUs"),
+    Dim("cp", "grid", "int", "the cluster's GPUs", log_scaled=True),
+    Dim("vpp", "refinement", "int", "a virtual stage holds one layer at least", log_scaled=True),
+    Dim("zero", "structure", "int", "ZeRO stages are 0 to 3"),
+    Dim("offload", "refinement", "choice", choices=OFFLOADS),
+    Dim("mbs", "refinement", "int", "the global batch", log_scaled=True),
+    Dim("gas", "derived", "int", "the global batch"),
+    Dim("recompute", "structure", "choice", choices=RECOMPUTES),
+    Dim("sp", "refinement", "bool"),
+    Dim("ep", "grid", "int", "the cluster's GPUs", log_scaled=True),
+    Dim("etp", "grid", "int", "the cluster's GPUs", log_scaled=True),
+)
+"""Every field of a layout, in `Layout`'s order: the one table the search space, the layout
+parser, the columnar table, the surrogate's features and the proposer's families iterate."""
+SEARCH_DIMS = tuple(d.name for d in DIMS if d.kind != "derived")
 """The dimensions a search space chooses; dp and gas follow from them."""
-LIMIT_REASONS = {
-    "tp": "the cluster's GPUs", "pp": "the cluster's GPUs", "cp": "the cluster's GPUs",
-    "dp": "the cluster's GPUs", "mbs": "the global batch", "gas": "the global batch",
-    "zero": "ZeRO stages are 0 to 3", "vpp": "a virtual stage holds one layer at least",
-    "ep": "the cluster's GPUs", "etp": "the cluster's GPUs",
-}
+GRID_DIMS = tuple(d.name for d in DIMS if d.kind == "grid")
+"""The parallel grid: tp, pp, cp, ep, etp."""
+LIMIT_REASONS = {d.name: d.limit_reason for d in DIMS if d.limit_reason}
 """Why each --layout number has its upper bound."""
 
 
@@ -296,7 +330,7 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 """A column of flags, one per layout (True where a layout breaks a rule, for a rule's check)."""
 
-_INT_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "zero", "mbs", "gas", "ep", "etp")
+_INT_FIELDS = tuple(d.name for d in DIMS if d.type == "int")
 
 
 @dataclasses.dataclass(slots=True)
@@ -358,11 +392,12 @@ class LayoutTable:
             name: np.array([getattr(row, name) for row in rows], dtype=np.int64)
             for name in _INT_FIELDS
         }
-        columns["offload"] = np.array([OFFLOADS.index(r.offload) for r in rows], dtype=np.int64)
-        columns["recompute"] = np.array(
-            [RECOMPUTES.index(r.recompute) for r in rows], dtype=np.int64
-        )
-        columns["sp"] = np.array([r.sp for r in rows], dtype=bool)
+        for d in DIMS:
+            if d.type == "choice":
+                columns[d.name] = np.array([d.choices.index(getattr(r, d.name)) for r in rows],
+                                           dtype=np.int64)
+            elif d.type == "bool":
+                columns[d.name] = np.array([getattr(r, d.name) for r in rows], dtype=bool)
         return cls(**columns)
 
     def take(self, index: np.ndarray) -> LayoutTable:
@@ -373,12 +408,12 @@ class LayoutTable:
 
     def row(self, i: int) -> Layout:
         """Row i as a Layout."""
-        return Layout(
-            **{name: int(getattr(self, name)[i]) for name in _INT_FIELDS},
-            offload=OFFLOADS[int(self.offload[i])],
-            recompute=RECOMPUTES[int(self.recompute[i])],
-            sp=bool(self.sp[i]),
-        )
+        values: dict[str, Any] = {}
+        for d in DIMS:
+            value = getattr(self, d.name)[i]
+            values[d.name] = (d.choices[int(value)] if d.type == "choice"
+                              else bool(value) if d.type == "bool" else int(value))
+        return Layout(**values)
 
     def rows(self) -> list[Layout]:
         """All rows as Layouts."""

@@ -28,6 +28,7 @@ from autotune.costmodel.memory import estimate_memory
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.frameworks import framework_of
 from autotune.frameworks.base import RuleGroup
+from autotune.layout import DIMS
 from autotune.layout import RECOMPUTES
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
@@ -399,7 +400,7 @@ def memory_fits(cfg: AutotuneConfig, layouts: list[Layout], k: Constants) -> np.
 
 def open_dimensions(layouts: tuple[Layout, ...]) -> set[str]:
     """The dimensions that differ between candidates (the ones the source left unpublished)."""
-    dims = ("vpp", "zero", "mbs", "recompute", "sp")
+    dims = [d.name for d in DIMS if d.kind in ("structure", "refinement")]
     return {d for d in dims if len({getattr(lay, d) for lay in layouts}) > 1}
 
 

@@ -4,23 +4,26 @@ The analytic model splits a layout's memory into model states (weights, gradient
 communication buffers), activations (with the logits) and a runtime reserve. On a real cluster
 the activations differ by a factor that depends on the structure (recompute above all), and the
 reserve the allocator never shows (CUDA context, NCCL buffers, fragmentation) is larger or
-smaller than assumed. Each trial teaches one of two things:
+smaller than assumed. Two unknowns, learned from every trial that ran:
 
-- an `ok` trial with a measured peak: peak = states + a_f · activations + c, a Bayesian linear
-  fit (prior a = 1, c = 0) of a global activation factor, a correction per recompute family
-  (shrunk towards the global factor) and an offset c (what the runner's peak counts beyond the
-  allocator, e.g. a process's resident memory); the peak is also a level known to fit;
-- an `oom` trial: its need (under the fit) is above what the device holds. If it needs more
-  than every layout that ran, the limit drops below it by a safety gap; if not (a layout that
-  ran needed more), its recompute family's activation factor rises until it does not fit.
+- the need: peak = states + a_f · activations + c, a Bayesian linear fit to the measured peaks
+  of all `ok` trials (prior a = 1, c = 0) of a global activation factor, a correction per
+  recompute family (shrunk towards the global factor) and an offset c (what the runner's peak
+  counts beyond the allocator, e.g. a process's resident memory);
+- the limit L, the largest need that fits: the model's (usable memory − runtime, plus c) with
+  a prior σ of `PRIOR_LIMIT_SD_GIB`, since the runtime reserve and the allocator's
+  fragmentation never show in a measured peak.
 
-The limit is the largest need that fits: the model's (usable memory − runtime, plus c) until a
-trial says otherwise. A layout is proposed only when its need plus `z` predictive standard
-deviations stays within the limit, so the first trials keep a margin that the fit then removes.
-Until an OOM places the limit, the limit itself is uncertain by `PRIOR_LIMIT_SD_GIB` (never below
-the largest need that fitted); the warm start (`fits(cautious=True)`) adds that σ to the need's,
-so exploring families does not spend trials on OOMs, and later trials probe the edge.
-The implied runtime reserve (device memory − limit + c) is reported as the fitted offset.
+Trials constrain both: a measured peak fitted (L above it); an `oom` trial needed more than L.
+The joint posterior of (a, c, L) given those censored observations is sampled (importance
+sampling from a widened Gaussian, then resampling; Gelbart, Snoek and Adams 2014, "Bayesian
+optimization with unknown constraints"): an OOM lowers L or raises its family's factor, in
+proportion to how well each explains it, so the neighbours that will run out too lose their
+probability of fitting. A new layout's need also misses by `ROW_SD` (structure the fit cannot
+see, e.g. fragmentation growing with the pipeline). `MemoryFit.p_fit` is the probability that
+a layout fits; the proposer charges it in the acquisition (an OOM is a trial spent) and
+proposes only layouts likely to fit. The implied runtime reserve (device memory − limit + c) is
+reported as the fitted offset.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from scipy.special import log_ndtr
+from scipy.special import ndtr
 
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.memory import usable_gpu_bytes
@@ -39,20 +44,27 @@ FAMILIES = 3
 """Recompute modes (none, selective, full): each gets its own activation correction."""
 PRIOR_SCALE_SD = 0.15
 """Prior σ of the global activation factor (the model's activations within ±15 %)."""
-PRIOR_FAMILY_SD = 0.3
+PRIOR_FAMILY_SD = 0.15
 """Prior σ of a recompute family's deviation from the global factor."""
 PRIOR_OFFSET_SD_GIB = 1.0
 """Prior σ of the offset between a measured peak and the allocator's bytes."""
 PEAK_NOISE = 0.02
-"""Relative σ of a measured peak around the fit (allocator rounding, timing of the peak)."""
+"""Relative σ of a measured peak (allocator rounding, timing of the peak)."""
 OOM_GAP = 0.03
-"""After an OOM, layouts within 3 % below its need are treated as not fitting either."""
-Z = 1.0
-"""Predictive standard deviations a proposal keeps below the limit."""
-PRIOR_LIMIT_SD_GIB = 3.0
-"""σ of the model's limit until an OOM has placed it: the runtime reserve (CUDA context, NCCL
-buffers per communicator) and allocator fragmentation never show in a measured peak, and
-clusters differ by a few GiB in both."""
+"""An OOM below a need that fitted: its family's factor rises until its need is this much
+above that need."""
+ROW_SD = 0.03
+"""Relative σ of a layout's need around the fit: what the fit's terms cannot see (allocator
+fragmentation growing with the pipeline and recompute, per-layout buffers)."""
+PRIOR_LIMIT_SD_GIB = 4.0
+"""σ of the model's limit before any OOM: the runtime reserve (CUDA context, NCCL buffers per
+communicator) and allocator fragmentation never show in a measured peak, and clusters differ
+by a few GiB in both."""
+P_FIT = 0.5
+"""Probability of fitting below which a layout is not proposed (the acquisition charges the
+rest)."""
+GRID = 241
+"""Points of the grid (±6 prior σ) the limit's posterior is held on."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,13 +106,17 @@ class MemoryFit:
     """Posterior mean: [global factor, family deviations..., offset GiB]."""
     cov: np.ndarray
     limit_bytes: float
+    """Posterior mean of the limit (the largest need that fits, on the measured scale)."""
     reserve_bytes: float
     """Device memory minus the limit, on the allocator's scale: the fitted runtime reserve."""
     measured: int
     oom: int
     limit_sd_bytes: float = 0.0
-    """σ of the limit itself: `PRIOR_LIMIT_SD_GIB` (at most the gap down to the largest need
-    that fitted) while no OOM has lowered it, else 0."""
+    """Posterior σ of the limit."""
+    limits_gib: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    """Grid of the limit (GiB) its posterior is held on."""
+    weights: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    """Posterior probability of each grid point."""
 
     def need(self, parts: MemoryParts) -> tuple[np.ndarray, np.ndarray]:
         """Predicted need (bytes, on the measured scale) and its predictive σ."""
@@ -109,12 +125,20 @@ class MemoryFit:
         sd = np.sqrt(np.einsum("ij,jk,ik->i", x, self.cov, x)) * GIB
         return mean, sd
 
-    def fits(self, parts: MemoryParts, z: float = Z, cautious: bool = False) -> np.ndarray:
-        """True where the need plus z σ stays within the limit (`cautious`: the limit's own σ
-        joins the need's, as the first trials do)."""
-        mean, sd = self.need(parts)
-        sd = np.hypot(sd, self.limit_sd_bytes) if cautious else sd
-        fits: np.ndarray = mean + z * sd <= self.limit_bytes
+    def p_fit(self, parts: MemoryParts) -> np.ndarray:
+        """Probability that each layout fits: its need (the fit's σ and the `ROW_SD` it
+        misses by) below the limit, over the limit's posterior."""
+        need, sd = self.need(parts)
+        need_gib, sd_gib = need / GIB, np.hypot(sd / GIB, ROW_SD * need / GIB)
+        p: np.ndarray = np.zeros(len(need_gib))
+        for limit, weight in zip(self.limits_gib, self.weights, strict=True):
+            if weight > 1e-6:
+                p += weight * ndtr((limit - need_gib) / sd_gib)
+        return p
+
+    def fits(self, parts: MemoryParts, p: float = P_FIT) -> np.ndarray:
+        """True where the probability of fitting is at least `p`."""
+        fits: np.ndarray = self.p_fit(parts) >= p
         return fits
 
     def factors(self) -> list[float]:
@@ -126,8 +150,9 @@ class MemoryFit:
         factors = ", ".join(f"{f:.2f}" for f in self.factors())
         return (
             f"activation factor (none, selective, full recompute) {factors}; limit "
-            f"{self.limit_bytes / GIB:.1f} GiB, runtime reserve {self.reserve_bytes / GIB:.1f} "
-            f"GiB ({self.measured} measured peaks, {self.oom} OOM)"
+            f"{self.limit_bytes / GIB:.1f} ± {self.limit_sd_bytes / GIB:.1f} GiB, runtime "
+            f"reserve {self.reserve_bytes / GIB:.1f} GiB ({self.measured} measured peaks, "
+            f"{self.oom} OOM)"
         )
 
     def to_dict(self) -> dict[str, float | list[float]]:
@@ -136,6 +161,7 @@ class MemoryFit:
             "activation_factors": [round(f, 4) for f in self.factors()],
             "offset_gib": round(float(self.mean[-1]), 4),
             "limit_gib": round(self.limit_bytes / GIB, 3),
+            "limit_sd_gib": round(self.limit_sd_bytes / GIB, 3),
             "reserve_gib": round(self.reserve_bytes / GIB, 3),
         }
 
@@ -149,7 +175,8 @@ def fit_memory(
 ) -> MemoryFit:
     """Fit the correction to trials (`parts` of their layouts, `status`, measured `peak` or nan).
 
-    Only `ok` trials with a peak enter the regression; `oom` trials only lower the limit.
+    `ok` trials with a peak enter the regression and say the limit is above their peak; `ok`
+    trials without one say their need fitted; `oom` trials say theirs did not.
     """
     prior_mean = np.zeros(FAMILIES + 2)
     prior_mean[0] = 1.0
@@ -161,39 +188,44 @@ def fit_memory(
         rows = parts.take(measured)
         x = rows.design()
         y = (peak[measured] - rows.fixed) / GIB
-        weight = 1 / (PEAK_NOISE * peak[measured] / GIB) ** 2
+        weight = 1 / (ROW_SD * peak[measured] / GIB) ** 2
         precision = precision + x.T @ (weight[:, None] * x)
         shift = shift + x.T @ (weight * y)
     cov = np.linalg.inv(precision)
     mean = cov @ shift
-    offset = float(mean[-1]) * GIB
-    oom = status == "oom"
-    fit = MemoryFit(mean, cov, 0.0, 0.0, int(measured.sum()), int(oom.sum()))
-    limit = usable_gpu_bytes(cfg, k) - k.runtime_memory_gib * GIB + offset
-    modelled = limit
-    ran = status == "ok"
-    level = 0.0  # the largest need known to fit: measured peaks, else predicted needs
-    if ran.any():
-        need, _ = fit.need(parts.take(ran))
-        level = float(np.where(measured[ran], peak[ran], need).max())
-    if oom.any():
+    fit = MemoryFit(mean, cov, 0.0, 0.0, int(measured.sum()), int((status == "oom").sum()))
+    offset = float(mean[-1])
+    oom = np.flatnonzero(status == "oom")
+    if measured.any() and len(oom):  # an OOM below a level that fitted: its family needs more
+        level = float(peak[measured].max()) / GIB
         need, _ = fit.need(parts.take(oom))
-        above = need[need >= level]  # OOMs the limit explains
-        if len(above):
-            limit = min(limit, float(above.min()) * (1 - OOM_GAP))
-    limit = max(limit, level)
-    if oom.any():  # an OOM the limit does not explain: its family needs more than modelled
         mean = mean.copy()
-        rows = parts.take(oom)
-        need, _ = fit.need(rows)
-        for j in np.flatnonzero(need * (1 - OOM_GAP) < limit):
-            if rows.activation[j] <= 0:
+        for j, i in enumerate(oom):
+            if need[j] / GIB * (1 - OOM_GAP) >= level or parts.activation[i] <= 0:
                 continue
-            wanted = (limit / (1 - OOM_GAP) - rows.fixed[j] - offset) / rows.activation[j]
-            family = 1 + int(rows.family[j])
+            wanted = (level / (1 - OOM_GAP) - parts.fixed[i] / GIB - offset) / (
+                parts.activation[i] / GIB)
+            family = 1 + int(parts.family[i])
             mean[family] = max(mean[family], wanted - mean[0])
-    reserve = cfg.cluster.gpu.memory_bytes - (limit - offset)
-    # the limit is at least the largest need that fitted: its σ never reaches below that
-    limit_sd = min(PRIOR_LIMIT_SD_GIB * GIB, limit - level) if limit >= modelled else 0.0
-    return dataclasses.replace(fit, mean=mean, limit_bytes=limit, reserve_bytes=reserve,
-                               limit_sd_bytes=limit_sd)
+        fit = dataclasses.replace(fit, mean=mean)
+    base = (usable_gpu_bytes(cfg, k) - k.runtime_memory_gib * GIB) / GIB + offset
+    need, sd = fit.need(parts)
+    # what a trial's own layout misses by is shared with its neighbours: the limit takes it
+    need_gib, sd_gib = need / GIB, np.hypot(sd / GIB, PEAK_NOISE * need / GIB)
+    grid = base + PRIOR_LIMIT_SD_GIB * np.linspace(-6.0, 6.0, GRID)
+    log_p = -0.5 * ((grid - base) / PRIOR_LIMIT_SD_GIB) ** 2
+    for i in np.flatnonzero(status == "oom"):
+        log_p += log_ndtr((need_gib[i] - grid) / sd_gib[i])
+    for i in np.flatnonzero((status == "ok") & ~measured):
+        log_p += log_ndtr((grid - need_gib[i]) / sd_gib[i])
+    for i in np.flatnonzero(measured):
+        level = peak[i] / GIB
+        log_p += log_ndtr((grid - level) / (PEAK_NOISE * level))
+    weights = np.exp(log_p - log_p.max())
+    weights /= weights.sum()
+    limit = float(weights @ grid)
+    limit_sd = float(np.sqrt(weights @ (grid - limit) ** 2))
+    reserve = cfg.cluster.gpu.memory_bytes - (limit - offset) * GIB
+    return dataclasses.replace(fit, limit_bytes=limit * GIB, reserve_bytes=reserve,
+                               limit_sd_bytes=limit_sd * GIB, limits_gib=grid,
+                               weights=weights)

@@ -1,7 +1,9 @@
 """Which feasible layout to measure next, from the trials so far (no Optuna here).
 
 Every proposal is an untried row of the enumerated feasible table (so no rule-rejected point and
-no layout twice) that the memory model, corrected by the trials, expects to fit. What the
+no layout twice) that the memory model, corrected by the trials, finds at least `P_FIT` likely
+to fit (`P_FIT_WARM` in the warm start); every score is charged that probability (an OOM
+measures nothing). What the
 trials say about speed (`Proposer.belief`): the physical constants refitted to them
 (`autotune.calibration.fit.fit_trials`), then one scale per term of the step time
 (`autotune.calibration.term_scales`: compute, tp/cp/ep communication, pipeline, dp, ZeRO-3,
@@ -22,8 +24,8 @@ posterior and the process. Among the rows that may run:
 5. otherwise the largest expected improvement over the best measured throughput plus the
    noise, so layouts tied with a measured one within the noise are not worth a trial.
 
-Ties (within the noise, `TIE`) are one choice: seed 0 takes the model's favourite, any other
-seed draws among them, so different seeds run different trials. `Proposer.confidence` says
+Ties (within the noise, `TIE`) are one choice: seed 0 takes the one most likely to fit, any
+other seed draws among them, so different seeds run different trials. `Proposer.confidence` says
 how likely an untried layout beats the winner by more than the noise (Monte Carlo over the
 scales' posterior and the process, jointly over the most promising rows).
 """
@@ -45,8 +47,12 @@ from autotune.calibration.term_scales import prior_fit
 from autotune.calibration.term_scales import term_seconds
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.estimate import evaluate
+from autotune.layout import DIMS
+from autotune.layout import GRID_DIMS
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
+from autotune.search.memory_learning import OOM_GAP
+from autotune.search.memory_learning import P_FIT
 from autotune.search.memory_learning import MemoryFit
 from autotune.search.memory_learning import MemoryParts
 from autotune.search.memory_learning import fit_memory
@@ -71,6 +77,8 @@ TIE = 0.5
 """Rows whose bound is within this many noise σ of the best are one choice (the seed picks)."""
 TIE_GAIN = 0.1
 """Rows whose expected improvement is within this fraction of the best are one choice."""
+P_FIT_WARM = 0.8
+"""Probability of fitting a warm-start trial needs (the limit is least known then)."""
 CONFIDENCE_ROWS = 200
 """Untried rows (the likeliest to win) drawn jointly by `Proposer.confidence`."""
 CONFIDENCE_DRAWS = 1000
@@ -114,17 +122,26 @@ class Proposal:
 
 
 def structure(t: LayoutTable) -> np.ndarray:
-    """Integer codes per row of what makes a family: the tp·pp·cp·ep·etp factorisation,
-    recompute, ZeRO family."""
+    """Integer codes per row of what makes a family, one column per factor: each grid
+    dimension of `autotune.layout.DIMS` (tp, pp, cp, ep, etp), recompute and the ZeRO family
+    (replicated, sharded optimizer/gradients, sharded parameters)."""
     zero_family = np.select([t.zero == 0, t.zero < 3], [0, 1], 2)
-    grid = np.unique(np.column_stack([t.tp, t.pp, t.cp, t.ep, t.etp]), axis=0,
-                     return_inverse=True)[1]
-    return np.column_stack([grid.ravel(), t.recompute, zero_family])
+    columns = [getattr(t, d.name) if d.name != "zero" else zero_family
+               for d in DIMS if d.kind in ("grid", "structure")]
+    return np.column_stack(columns)
+
+
+def grid_keys(t: LayoutTable) -> np.ndarray:
+    """An integer per row naming the memory neighbourhood of an OOM: the grid (tp, pp, cp, ep,
+    etp), ZeRO stage and offload (the same shard of model states and the same buffers per
+    GPU)."""
+    columns = np.column_stack([getattr(t, name) for name in (*GRID_DIMS, "zero", "offload")])
+    return np.unique(columns, axis=0, return_inverse=True)[1].ravel()
 
 
 def family_keys(t: LayoutTable) -> np.ndarray:
-    """An integer per row naming its structural family (tp, pp, cp, ep, etp, recompute, ZeRO
-    family)."""
+    """An integer per row naming its structural family (`structure`: tp, pp, cp, ep, etp,
+    recompute, ZeRO family)."""
     return np.unique(structure(t), axis=0, return_inverse=True)[1].ravel()
 
 
@@ -184,12 +201,15 @@ class Proposer:
         self.index = {row.id: i for i, row in enumerate(self.rows)}
         self.structure = structure(feasible)
         self.family = family_keys(feasible)
+        self.grid = grid_keys(feasible)
         self.x = features(feasible)
         values = evaluate(cfg, feasible, constants)
         self.parts = MemoryParts.from_values(values, feasible.recompute)
         self._fit_cache: tuple[int, Constants, np.ndarray] = (
             0, constants, term_seconds(values["time"])
         )
+        self._memory_cache: tuple[Any, MemoryFit, np.ndarray] = (None, self.memory([]),
+                                                                  np.zeros(0))
 
     # --- what the trials say -----------------------------------------------------------------
 
@@ -255,6 +275,13 @@ class Proposer:
         self, outcomes: Sequence[Outcome], pending: Sequence[str]
     ) -> tuple[np.ndarray, MemoryFit, list[int]]:
         """Rows that may be proposed, the memory fit, and rows owed a repeat."""
+        allowed, memory, repeats, _ = self._candidates(outcomes, pending)
+        return allowed, memory, repeats
+
+    def _candidates(
+        self, outcomes: Sequence[Outcome], pending: Sequence[str]
+    ) -> tuple[np.ndarray, MemoryFit, list[int], np.ndarray]:
+        """`candidates` and every row's probability of fitting (`MemoryFit.p_fit`)."""
         runs: dict[str, list[str]] = {}
         for o in outcomes:
             runs.setdefault(o.layout.id, []).append(o.status)
@@ -271,14 +298,29 @@ class Proposer:
             if layout_id in self.index:
                 open_rows[self.index[layout_id]] = False
         repeats = [i for i in repeats if self.rows[i].id not in pending]
-        memory = self.memory(outcomes)
+        memory, p_fit = self.memory_and_fit(outcomes)
         cautious = len(outcomes) + len(pending) < self.warm_start
-        allowed = open_rows & memory.fits(self.parts, cautious=cautious)
-        if cautious and not allowed.any():
-            allowed = open_rows & memory.fits(self.parts)
-        if not allowed.any():  # nothing with a margin: what is expected to fit at all
-            allowed = open_rows & memory.fits(self.parts, z=0.0)
-        return allowed, memory, repeats
+        allowed = open_rows & (p_fit >= (P_FIT_WARM if cautious else P_FIT))
+        if not allowed.any():  # nothing that likely: the likeliest to fit
+            allowed = open_rows & (p_fit >= 0.5 * float(np.max(np.where(open_rows, p_fit, 0))))
+            allowed &= p_fit > 0
+        return allowed, memory, repeats, p_fit
+
+    def memory_and_fit(self, outcomes: Sequence[Outcome]) -> tuple[MemoryFit, np.ndarray]:
+        """The memory fit and every feasible row's probability of fitting (cached per
+        outcomes)."""
+        key = tuple((o.layout.id, o.status) for o in outcomes)
+        if self._memory_cache[0] != key:
+            memory = self.memory(outcomes)
+            p_fit = memory.p_fit(self.parts)
+            need, _ = memory.need(self.parts)
+            for o in outcomes:  # the rows of an OOM's grid that need as much run out too
+                i = self.index.get(o.layout.id)
+                if o.status == "oom" and i is not None:
+                    same = self.grid == self.grid[i]
+                    p_fit[same & (need >= need[i] * (1 - OOM_GAP))] = 0.0
+            self._memory_cache = (key, memory, p_fit)
+        return self._memory_cache[1], self._memory_cache[2]
 
     def remaining(self, outcomes: Sequence[Outcome], pending: Sequence[str]) -> int:
         """How many proposals are left (untried layouts expected to fit, and owed repeats)."""
@@ -287,7 +329,7 @@ class Proposer:
 
     def propose(self, outcomes: Sequence[Outcome], pending: Sequence[str]) -> Proposal | None:
         """The next layout to measure, or None when nothing is left."""
-        allowed, memory, repeats = self.candidates(outcomes, pending)
+        allowed, memory, repeats, p_fit = self._candidates(outcomes, pending)
         b = self.belief(outcomes)
         mean, sd = b.mean, b.sd
         need, _ = memory.need(self.parts)
@@ -303,9 +345,11 @@ class Proposer:
                     if o.layout.id in self.index and o.status != "oom"}
         fresh = allowed & ~np.isin(self.family, list(measured))
         if len(measured) < self.warm_start and fresh.any():
-            i = self._warm(fresh, ucb, outcomes, b.noise, turn)
+            i = self._warm(fresh, ucb, sd, outcomes, b.noise, turn, p_fit)
             return self._proposal(i, "warm-start", mean, need, memory)
-        gain = improvement(mean, sd, b.best + b.noise)
+        # a trial that runs out of memory measures nothing: expected improvement times the
+        # probability of fitting (constrained expected improvement)
+        gain = improvement(mean, sd, b.best + b.noise) * p_fit
         overlapping = fresh & (mean + Z_OVERLAP * sd > b.best + b.noise)
         plausible = fresh & (mean + Z_EXPLORE * sd > b.best) & (gain > 0)
         if self.explore_every and turn % self.explore_every == self.explore_every - 1 and \
@@ -314,9 +358,9 @@ class Proposer:
             return self._proposal(i, "explore", mean, need, memory)
         if overlapping.any():
             i = self._pick(np.where(overlapping, gain, -np.inf), gain_tie(gain, overlapping),
-                           turn)
+                           turn, p_fit)
             return self._proposal(i, "family", mean, need, memory)
-        i = self._pick(np.where(allowed, gain, -np.inf), gain_tie(gain, allowed), turn)
+        i = self._pick(np.where(allowed, gain, -np.inf), gain_tie(gain, allowed), turn, p_fit)
         return self._proposal(i, "model", mean, need, memory)
 
     def confidence(self, outcomes: Sequence[Outcome], pending: Sequence[str] = ()
@@ -343,18 +387,22 @@ class Proposer:
         p = float(np.mean(rate.max(axis=1) > target))
         return Confidence(p, b.best_id, b.noise, int(allowed.sum()), scales)
 
-    def _pick(self, scores: np.ndarray, tie: float, turn: int) -> int:
-        """The best score; rows within `tie` of it are one choice: seed 0 takes the best, any
-        other seed draws among them."""
+    def _pick(self, scores: np.ndarray, tie: float, turn: int, p_fit: np.ndarray) -> int:
+        """The best score; rows within `tie` of it are one choice: seed 0 takes the one most
+        likely to fit (then the best score), any other seed draws among them, weighted by that
+        probability."""
         top = float(np.max(scores))
         tied = np.flatnonzero(scores >= top - tie)
-        if len(tied) == 1 or not self.seed:  # seed 0 (the default): the model's favourite
-            return int(np.argmax(scores))
-        rng = np.random.default_rng([self.seed or 0, turn])
-        return int(rng.choice(tied))
+        if len(tied) == 1:
+            return int(tied[0])
+        if not self.seed:  # seed 0 (the default): the safest of the tied
+            return int(tied[np.lexsort((-scores[tied], -np.round(p_fit[tied], 2)))[0]])
+        rng = np.random.default_rng([self.seed, turn])
+        weights = np.maximum(p_fit[tied], 1e-6)
+        return int(rng.choice(tied, p=weights / weights.sum()))
 
-    def _warm(self, fresh: np.ndarray, ucb: np.ndarray, outcomes: Sequence[Outcome],
-              noise: float, turn: int) -> int:
+    def _warm(self, fresh: np.ndarray, ucb: np.ndarray, sd: np.ndarray,
+              outcomes: Sequence[Outcome], noise: float, turn: int, p_fit: np.ndarray) -> int:
         """The best bound among new families, plus NOVELTY for each of its tp·pp·cp·ep,
         recompute and ZeRO family that no trial measured yet (ties within the noise: seeded)."""
         seen = [self.structure[self.index[o.layout.id]] for o in outcomes
@@ -363,7 +411,13 @@ class Proposer:
         for factor in range(self.structure.shape[1]):
             known = {int(s[factor]) for s in seen}
             novelty += ~np.isin(self.structure[:, factor], list(known))
-        return self._pick(np.where(fresh, ucb + NOVELTY * novelty, -np.inf), TIE * noise, turn)
+        # an OOM measures nothing: the bound is charged the log of the probability of fitting,
+        # so a family's first trial is one of its layouts likely to fit
+        score = np.where(fresh, ucb + NOVELTY * novelty + np.log(np.maximum(p_fit, 1e-9)),
+                         -np.inf)
+        # before a family has run, bounds closer than half the model's own σ are tied too
+        tie = TIE * float(np.hypot(noise, sd[int(np.argmax(score))]))
+        return self._pick(score, tie, turn, p_fit)
 
     def _explore(self, fresh: np.ndarray, gain: np.ndarray, turn: int) -> int:
         """A seeded draw of an unmeasured family (weights: its best expected improvement),

@@ -1,10 +1,11 @@
 """How wrong the model is where nothing was measured: a Gaussian process on its residuals.
 
 The residual of a measured layout is log(measured step time / modelled step time). A Gaussian
-process over the layout's structure (log2 of tp, pp, cp, vpp and micro-batch, ZeRO stage,
-offload, recompute, sequence parallelism; squared-exponential kernel, one length scale per
-dimension) spreads each residual to similar layouts: layouts of a measured family (same
-tp·pp·cp, recompute and ZeRO stage) inherit its correction with little uncertainty, while an
+process over the layout's structure (every searched dimension of `autotune.layout.DIMS`:
+log2 of tp, pp, cp, vpp, micro-batch, ep and etp, ZeRO stage, offload, recompute, sequence
+parallelism; squared-exponential kernel, one length scale per dimension) spreads each residual
+to similar layouts: layouts of a measured family (same tp·pp·cp·ep·etp, recompute and ZeRO
+stage) inherit its correction with little uncertainty, while an
 unmeasured family keeps the prior uncertainty. The prior σ is learned from the residuals seen so
 far (shrunk towards 10 %), so a model that keeps missing widens the search.
 """
@@ -15,10 +16,14 @@ import dataclasses
 
 import numpy as np
 
+from autotune.layout import DIMS
 from autotune.layout import LayoutTable
 
-LENGTH_SCALES = np.array([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.5, 1.0, 1.0])
-"""Per feature: tp, pp, cp, vpp (log2 steps), zero, offload, mbs (log2), recompute, sp."""
+FEATURES = tuple(d for d in DIMS if d.kind != "derived")
+"""The kernel's inputs: every searched dimension of `autotune.layout.DIMS` (log2 where the
+table says so), ep and etp included so MoE layouts are told apart."""
+LENGTH_SCALES = np.array([1.5 if d.name == "mbs" else 1.0 for d in FEATURES])
+"""Per feature (log2 steps for the log-scaled): 1, and 1.5 for the micro-batch."""
 PRIOR_SD = 0.10
 """Prior σ of the log residual (the model within ~10 % before any trial)."""
 PRIOR_WEIGHT = 2.0
@@ -29,17 +34,8 @@ MIN_NOISE = 0.01
 
 def features(t: LayoutTable) -> np.ndarray:
     """Kernel inputs of every row, divided by the length scales."""
-    columns = [
-        np.log2(t.tp),
-        np.log2(t.pp),
-        np.log2(t.cp),
-        np.log2(t.vpp),
-        t.zero,
-        t.offload,
-        np.log2(t.mbs),
-        t.recompute,
-        t.sp.astype(float),
-    ]
+    columns = [np.log2(getattr(t, d.name)) if d.log_scaled else getattr(t, d.name)
+               for d in FEATURES]
     scaled: np.ndarray = np.column_stack(columns).astype(float) / LENGTH_SCALES
     return scaled
 
