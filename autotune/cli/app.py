@@ -179,7 +179,7 @@ def _records_table(title: str, records: list[dict[str, Any]], label: str) -> Tab
         error = f"{guess / measured - 1:+.1%}" if measured and guess else "-"
         mfu = measured_figure(r, "mfu")
         table.add_row(
-            str(rank), str(r["number"]), r["layout_id"], f"{measured:,.0f}", f"{guess:,.0f}",
+            str(rank), str(r["number"]), str(r["layout"]), f"{measured:,.0f}", f"{guess:,.0f}",
             error, f"{mfu:.1%}" if mfu else "-",
             _gib(predicted.get("peak_memory_bytes") or 0.0),
         )
@@ -389,7 +389,7 @@ def tune(
                          else f"\nopen the study with: optuna-dashboard {result.storage}")
             console.print(
                 f"best configs: [bold]{result.artifacts.get('best')}[/] "
-                f"(runners-up under {result.out_dir / 'top'})\n"
+                f"(runner-up of rank N under {result.out_dir / 'top'}/N-<layout id>)\n"
                 f"report: {outcome.reports['report.html']}{dashboard}"
             )
     if not outcome.ok:
