@@ -66,6 +66,7 @@ from autotune.runners.factory import figure_label
 from autotune.scaling import THRESHOLDS
 from autotune.scaling import lost_text
 from autotune.search.record import measured_figure
+from autotune.space.export import write_layouts_csv
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.space.search_space import no_feasible_message
@@ -226,6 +227,11 @@ def _headline(cfg: AutotuneConfig) -> str:
 def space(
     top: Annotated[int, typer.Option(help="How many layouts to list.")] = 10,
     as_json: JsonOpt = False,
+    csv_file: Annotated[Path | None, typer.Option(
+        "--csv", help="Also write the listed layouts, with their estimates and intervals, to "
+        "this CSV file (with --all: every feasible layout).")] = None,
+    every: Annotated[bool, typer.Option(
+        "--all", help="With --csv: write every feasible layout, beyond --top's 10,000.")] = False,
     *,
     config: dict[str, Any],
 ) -> None:
@@ -233,6 +239,8 @@ def space(
     problem = _problem(config)
     if not 0 < top <= 10_000:
         raise AutotuneError(f"--top: {top} must be from 1 to 10,000")
+    if every and csv_file is None:
+        raise AutotuneError("--all: writes every feasible layout to a file; add --csv FILE")
     cfg = problem.load()
     search_space = load_space(problem.space, cfg.train.framework)
     result = enumerate_layouts(cfg, search_space)
@@ -242,6 +250,10 @@ def space(
     ranked = rank_with_ties([row_estimate(result.feasible.row(i), result.values, i)
                              for i in range(min(max(top, 500), len(result)))], band)[:top]
     best = [e for e, _ in ranked]
+    if csv_file is not None:
+        rows = write_layouts_csv(csv_file, result, band, None if every else top)
+        print(f"wrote {rows:,} of {len(result):,} feasible layouts to {csv_file}",
+              file=sys.stderr)
     if as_json:
         print(json.dumps({
             "model": _model_summary(cfg),

@@ -28,7 +28,7 @@ RECIPE = ["--decay-style", "--distributed-timeout-minutes", "--lr", "--min-lr", 
 JOB = ["--account", "--container-image", "--partition", "--time"]
 PINNED = {
     "(global)": ["--debug", "--no-debug"],
-    "space": sorted([*PROBLEM, "--json", "--top"]),
+    "space": sorted([*PROBLEM, "--all", "--csv", "--json", "--top"]),
     "estimate": sorted([*PROBLEM, "--json", "--layout", "--vs", "-l"]),
     "render": sorted([*PROBLEM, *RECIPE, *JOB, "--from", "--layout", "--out", "-l"]),
     "tune": sorted([*PROBLEM, *RECIPE, *RUNNER, "--confidence", "--jobs", "--json",
