@@ -25,7 +25,7 @@ RUNNER = ["--account", "--command", "--hang-timeout", "--launcher", "--megatron-
           "--timeout"]
 RECIPE = ["--decay-style", "--distributed-timeout-minutes", "--lr", "--min-lr", "--train-tokens",
           "--warmup-iters"]
-JOB = ["--account", "--container-image", "--partition", "--time"]
+JOB = ["--account", "--container-image", "--partition", "--time", "--train-script"]
 PINNED = {
     "(global)": ["--debug", "--no-debug"],
     "space": sorted([*PROBLEM, "--all", "--csv", "--json", "--top"]),
