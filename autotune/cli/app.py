@@ -177,7 +177,7 @@ def _records_table(title: str, records: list[dict[str, Any]], label: str) -> Tab
         predicted = r.get("predicted", {})
         measured = measured_figure(r, "tokens_per_s") or 0.0
         guess = predicted.get("tokens_per_s") or 0.0
-        error = f"{guess / measured - 1:+.1%}" if measured and guess else "-"
+        error = f"{round(guess / measured - 1, 3) + 0.0:+.1%}" if measured and guess else "-"
         mfu = measured_figure(r, "mfu")
         table.add_row(
             str(rank), str(r["number"]), str(r["layout"]), f"{measured:,.0f}", f"{guess:,.0f}",

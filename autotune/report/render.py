@@ -141,7 +141,7 @@ def gib(value: Any) -> str:
 
 def signed_pct(value: Any) -> str:
     """+3.2% / −1.0%."""
-    return "–" if value is None else f"{value:+.1f}%".replace("-", "−")
+    return "–" if value is None else f"{round(value, 1) + 0.0:+.1f}%".replace("-", "−")
 
 
 def layout_text(fields: dict[str, Any]) -> str:
