@@ -34,9 +34,12 @@ from autotune.frameworks import framework_of
 from autotune.frameworks.base import MEGATRON_LM
 from autotune.frameworks.base import TRIAL_ITERS
 from autotune.frameworks.base import RenderOptions
+from autotune.frameworks.deepspeed import BUILTIN
+from autotune.frameworks.deepspeed import BUILTIN_LAUNCH
 from autotune.frameworks.deepspeed import TrainProgram
 from autotune.frameworks.deepspeed import config as deepspeed_config
 from autotune.frameworks.deepspeed import hostfile
+from autotune.frameworks.deepspeed import job_program
 from autotune.frameworks.megatron.args import megatron_args
 from autotune.frameworks.megatron.bundle import launch_script as megatron_launch_script
 from autotune.launchers import LAUNCH
@@ -50,6 +53,8 @@ from autotune.templating import header
 from autotune.templating import render_template
 from autotune.templating import sbatch_directives
 from autotune.templating import version
+from autotune.workloads import PROBLEM_FILE
+from autotune.workloads import problem_text
 
 __all__ = [
     "TrainProgram",
@@ -144,7 +149,8 @@ def _render_options(
         named[key] = value if sep else None
     return RenderOptions(
         directives=tuple(sbatch_directives(named)), gpus=not cfg.cluster.cpu_processes,
-        program=program, megatron_lm=megatron_lm, train_iters=train_iters, trial=trial,
+        program=program or job_program(job.train_script), megatron_lm=megatron_lm,
+        train_iters=train_iters, trial=trial,
         placeholders=tuple(key for key, value in site.items() if value is None),
         container_image=job.container_image or "", container_mounts=",".join(job.container_mounts),
     )
@@ -256,6 +262,10 @@ def write_artifacts(
     if not cfg.cluster.cpu_processes:  # the manifests ask for GPUs
         files.update(manifests(cfg, layout, _render_options(
             cfg, layout, program=program, megatron_lm=megatron_lm, trial=trial)))
+    builtin = (cfg.train.framework == "deepspeed" and cfg.job.train_script == BUILTIN
+               and program is None)
+    if builtin:
+        files[PROBLEM_FILE] = problem_text(cfg)  # what the built-in program reads
     predicted = estimate if estimate is not None else estimate_layout(cfg, layout)
     layout_doc = {**layout.to_dict(), "text": layout.text, "id": layout.id}
     files["layout.json"] = json.dumps(layout_doc, indent=2) + "\n"
@@ -275,7 +285,7 @@ def write_artifacts(
         "predicted": _plain(predicted),
         "measured": _plain(measured),
         "artifacts": sorted([*files, "manifest.json", "README.md"]),
-        "launch": {**framework_of(cfg).launch(),
+        "launch": {**framework_of(cfg).launch(), **(BUILTIN_LAUNCH if builtin else {}),
                    **{name: how for name, how in LAUNCH.items() if name in files}},
         "notes": framework_of(cfg).notes(cfg, layout),
     }
@@ -290,6 +300,7 @@ def write_artifacts(
     files["README.md"] = render_template(
         "common/README.md.j2", **header(cfg, layout), framework=cfg.train.framework,
         layout_id=layout.id, trial=trial, recipe=recipe, notices=position_warnings(cfg),
+        builtin_program=builtin,
         launch=manifest["launch"], obligations=bundle.notes(cfg, layout),
         rows=recipe.rows(),
         checkpoint_format=bundle.checkpoint_format(layout), carry_over=carry,

@@ -66,6 +66,7 @@ from autotune.runners.factory import figure_label
 from autotune.scaling import THRESHOLDS
 from autotune.scaling import lost_text
 from autotune.search.record import measured_figure
+from autotune.space.export import write_layouts_csv
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.space.search_space import no_feasible_message
@@ -176,10 +177,10 @@ def _records_table(title: str, records: list[dict[str, Any]], label: str) -> Tab
         predicted = r.get("predicted", {})
         measured = measured_figure(r, "tokens_per_s") or 0.0
         guess = predicted.get("tokens_per_s") or 0.0
-        error = f"{guess / measured - 1:+.1%}" if measured and guess else "-"
+        error = f"{round(guess / measured - 1, 3) + 0.0:+.1%}" if measured and guess else "-"
         mfu = measured_figure(r, "mfu")
         table.add_row(
-            str(rank), str(r["number"]), r["layout_id"], f"{measured:,.0f}", f"{guess:,.0f}",
+            str(rank), str(r["number"]), str(r["layout"]), f"{measured:,.0f}", f"{guess:,.0f}",
             error, f"{mfu:.1%}" if mfu else "-",
             _gib(predicted.get("peak_memory_bytes") or 0.0),
         )
@@ -226,6 +227,11 @@ def _headline(cfg: AutotuneConfig) -> str:
 def space(
     top: Annotated[int, typer.Option(help="How many layouts to list.")] = 10,
     as_json: JsonOpt = False,
+    csv_file: Annotated[Path | None, typer.Option(
+        "--csv", help="Also write the listed layouts, with their estimates and intervals, to "
+        "this CSV file (with --all: every feasible layout).")] = None,
+    every: Annotated[bool, typer.Option(
+        "--all", help="With --csv: write every feasible layout, beyond --top's 10,000.")] = False,
     *,
     config: dict[str, Any],
 ) -> None:
@@ -233,6 +239,8 @@ def space(
     problem = _problem(config)
     if not 0 < top <= 10_000:
         raise AutotuneError(f"--top: {top} must be from 1 to 10,000")
+    if every and csv_file is None:
+        raise AutotuneError("--all: writes every feasible layout to a file; add --csv FILE")
     cfg = problem.load()
     search_space = load_space(problem.space, cfg.train.framework)
     result = enumerate_layouts(cfg, search_space)
@@ -242,6 +250,10 @@ def space(
     ranked = rank_with_ties([row_estimate(result.feasible.row(i), result.values, i)
                              for i in range(min(max(top, 500), len(result)))], band)[:top]
     best = [e for e, _ in ranked]
+    if csv_file is not None:
+        rows = write_layouts_csv(csv_file, result, band, None if every else top)
+        print(f"wrote {rows:,} of {len(result):,} feasible layouts to {csv_file}",
+              file=sys.stderr)
     if as_json:
         print(json.dumps({
             "model": _model_summary(cfg),
@@ -389,7 +401,7 @@ def tune(
                          else f"\nopen the study with: optuna-dashboard {result.storage}")
             console.print(
                 f"best configs: [bold]{result.artifacts.get('best')}[/] "
-                f"(runners-up under {result.out_dir / 'top'})\n"
+                f"(runner-up of rank N under {result.out_dir / 'top'}/N-<layout id>)\n"
                 f"report: {outcome.reports['report.html']}{dashboard}"
             )
     if not outcome.ok:

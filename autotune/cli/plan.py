@@ -68,7 +68,7 @@ def plan_table(points: list[PlanPoint]) -> Table:
         cause = (f"{CAUSE_LABELS[p.cause]} (-{p.cause_loss:.1%})" if p.cause and p.cause_loss
                  else "")
         table.add_row(
-            p.name, f"{p.gpus:,}", Layout(**p.layout_fields).id, p.interval,
+            p.name, f"{p.gpus:,}", Layout(**p.layout_fields).text, p.interval,
             _range(p.tokens_per_s, p.tokens_per_s_low, p.tokens_per_s_high, ",.0f"),
             _range(p.days, p.days_low, p.days_high, ",.1f"),
             _range(p.gpu_hours, p.gpu_hours_low, p.gpu_hours_high, ",.0f"),

@@ -169,6 +169,9 @@ class TrainProgram:
     """Flag that names ds_config.json (`deepspeed.add_config_arguments` reads this one)."""
     layout_flag: str | None = None
     """Flag that names layout.json, for programs that read it (the built-in trial workload)."""
+    builtin: bool = False
+    """autotune's own program (`--train-script builtin`): the scripts' headers say how to run
+    it (DATA_PATH, TRAIN_ITERS) instead of what a script of the user's must do."""
 
     def context(self) -> dict[str, Any]:
         """The template values of the program."""
@@ -178,7 +181,32 @@ class TrainProgram:
             "train_args": list(self.args),
             "config_flag": self.config_flag,
             "layout_flag": self.layout_flag,
+            "builtin_program": self.builtin,
         }
+
+
+BUILTIN = "builtin"
+"""The `--train-script` value that names autotune's own training program."""
+BUILTIN_PROGRAM = TrainProgram(script="autotune.workloads.deepspeed_gpt", module=True,
+                               args=("--train",), config_flag="--ds-config",
+                               layout_flag="--layout", builtin=True)
+"""The built-in workload as a training program: it reads problem.json beside ds_config.json,
+DATA_PATH's tokens and TRAIN_ITERS (`autotune.workloads.deepspeed_gpt`, `--train`)."""
+
+
+BUILTIN_LAUNCH = {
+    "launch_deepspeed.sh": "edit hostfile (ssh-reachable hosts), then DATA_PATH=<tokens.npy> "
+                           "TRAIN_ITERS=<steps> bash launch_deepspeed.sh",
+    "sbatch.sh": "cd <this folder> && DATA_PATH=<tokens.npy> sbatch sbatch.sh",
+}
+"""How to launch a folder rendered with the built-in program (manifest.json, README.md)."""
+
+
+def job_program(script: str | None) -> TrainProgram | None:
+    """The program a config's `job.train_script` names: the built-in one, a script, or None."""
+    if script is None:
+        return None
+    return BUILTIN_PROGRAM if script == BUILTIN else TrainProgram(script=script)
 
 
 class DeepSpeed(Framework):
@@ -248,15 +276,14 @@ class DeepSpeed(Framework):
         """ds_config.json, launch_deepspeed.sh, hostfile and sbatch.sh."""
         program = (options.program or TrainProgram()).context()
         shared = {**header(cfg, layout), **program, "obligations": self.notes(cfg, layout),
-                  "recipe": resolve_recipe(cfg), "notices": position_warnings(cfg)}
+                  "recipe": resolve_recipe(cfg), "notices": position_warnings(cfg),
+                  "tokens_per_iteration": layout.global_batch_size * cfg.train.seq_length}
         ds_config = config(cfg, layout)
         if options.trial:  # a few steps at the peak lr: a warm-up from 0 would train nothing,
             ds_config.pop("scheduler", None)  # and verify's loss curves could not differ
         return {
             "ds_config.json": json.dumps(ds_config, indent=2) + "\n",
-            "launch_deepspeed.sh": render_template(
-                "deepspeed/launch_deepspeed.sh.j2", **shared,
-                tokens_per_iteration=layout.global_batch_size * cfg.train.seq_length),
+            "launch_deepspeed.sh": render_template("deepspeed/launch_deepspeed.sh.j2", **shared),
             "hostfile": hostfile(cfg),
             "sbatch.sh": render_template("deepspeed/sbatch.sh.j2", **shared, **options.sbatch),
         }
@@ -377,7 +404,8 @@ def config(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
 
     The recipe (`resolve_recipe`) becomes the optimizer and a `scheduler`
     (deepspeed/runtime/lr_schedules.py): cosine is `WarmupCosineLR` (linear warm-up from 0,
-    cosine down to min_lr/lr of the peak), linear `WarmupDecayLR` (DeepSpeed decays it to 0, not
+    cosine down to min_lr/lr of the peak; no warm-up: one step from the peak in each, since they
+    refuse 0), linear `WarmupDecayLR` (DeepSpeed decays it to 0, not
     to min_lr), constant `WarmupLR`; each counts `decay_iters` optimizer steps, warm-up included.
     """
     bucket = int(bucket_elements(_params_per_rank(cfg, layout)))

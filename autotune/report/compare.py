@@ -19,10 +19,10 @@ from markupsafe import Markup
 from autotune.report import data
 from autotune.report import plots
 from autotune.report.render import Table
+from autotune.report.render import layout_text
 from autotune.report.render import num
 from autotune.report.render import pct
 from autotune.report.render import render_template
-from autotune.report.render import short_layout
 from autotune.report.render import tflops
 from autotune.units import GIB
 
@@ -54,7 +54,7 @@ def _plan_row(name: str, directory: Path, doc: dict[str, Any]) -> dict[str, Any]
     best = None
     if point is not None:
         peak = point.get("peak_memory_bytes")
-        best = {"layout": point["layout"], "short": short_layout(point["layout_fields"]),
+        best = {"layout": layout_text(point["layout_fields"]),
                 "source": f"plan: {'chosen' if chosen else 'fastest'} {point['name']}",
                 "gpus": point["gpus"], "tokens_per_s": point["tokens_per_s"],
                 "tokens_per_s_per_gpu": point["tokens_per_s"] / point["gpus"],
@@ -84,7 +84,7 @@ def _headline(run: data.RunData, summary: dict[str, Any]) -> dict[str, Any] | No
     """The run's best layout (measured or simulated), or its sweep's largest point that ran."""
     best = summary["best"]
     if best:
-        return {"layout": best["layout"], "short": short_layout(best["layout_fields"]),
+        return {"layout": layout_text(best["layout_fields"]),
                 "source": f"trial {best['trial']}", "gpus": run.cfg.world_size,
                 "tokens_per_s": best["tokens_per_s"],
                 "tokens_per_s_per_gpu": best["tokens_per_s_per_gpu"],
@@ -98,7 +98,7 @@ def _headline(run: data.RunData, summary: dict[str, Any]) -> dict[str, Any] | No
     point = ran[-1]
     fields = {**run.scaling["layout"], "dp": point["dp"], "gas": point["gas"]}
     peak = point.get("peak_memory_bytes")
-    return {"layout": run.scaling["layout"]["text"], "short": short_layout(fields),
+    return {"layout": layout_text(fields),
             "source": f"sweep at {point['gpus']} GPUs", "gpus": point["gpus"],
             "tokens_per_s": point["tokens_per_s"],
             "tokens_per_s_per_gpu": point["tokens_per_s"] / point["gpus"],
@@ -147,7 +147,7 @@ def _table(rows: list[dict[str, Any]], out: Path) -> Table:
             i["runner"] or "–", i["figures"], mode,
             f"{i['seq_length']:,}" if i.get("seq_length") else "–",
             _batch(row) if i.get("global_batch_size") else "–",
-            i.get("precision") or "–", b.get("short", "–"), b.get("source", "–"),
+            i.get("precision") or "–", b.get("layout", "–"), b.get("source", "–"),
             num(b.get("tokens_per_s")), num(b.get("tokens_per_s_per_gpu")),
             tflops(b.get("tflops_per_gpu")), pct(b.get("mfu")),
             num(b.get("peak_memory_gib"), 1), num(b.get("days"), 1), num(b.get("cost")),

@@ -350,7 +350,7 @@ def trial_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _headline(record: dict[str, Any], directory: Path, rank: int) -> dict[str, Any]:
     predicted = record.get("predicted") or {}
     fields = record.get("layout_fields") or {}
-    folder = "best" if rank == 0 else f"top/{rank}-{record.get('layout_id')}"
+    folder = "best" if rank == 0 else f"top/{rank + 1}-{record.get('layout_id')}"
     gpus = fields.get("tp", 1) * fields.get("pp", 1) * fields.get("cp", 1) * fields.get("dp", 1)
     return {
         "rank": rank + 1,

@@ -16,10 +16,10 @@ from markupsafe import Markup
 from autotune.report import plots
 from autotune.report.render import Table
 from autotune.report.render import gib
+from autotune.report.render import layout_text
 from autotune.report.render import num
 from autotune.report.render import pct
 from autotune.report.render import render_template
-from autotune.report.render import short_layout
 from autotune.scaling import PART_LABELS
 
 PLAN_PLOTS = {
@@ -82,7 +82,7 @@ def plan_table(doc: dict[str, Any]) -> Table:
             continue
         eff = p.get("efficiency")
         rows.append([
-            *head, short_layout(p["layout_fields"]), *([] if shared else [p["interval"]]),
+            *head, layout_text(p["layout_fields"]), *([] if shared else [p["interval"]]),
             with_interval(p["tokens_per_s"], p["tokens_per_s_low"], p["tokens_per_s_high"]),
             with_interval(p["days"], p["days_low"], p["days_high"], 1),
             with_interval(p["gpu_hours"], p["gpu_hours_low"], p["gpu_hours_high"], short=True),

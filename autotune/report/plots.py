@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 from matplotlib.ticker import LogLocator  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 from matplotlib.ticker import NullLocator  # noqa: E402
 
 from autotune.costmodel.memory import MEMORY_PARTS  # noqa: E402
@@ -77,6 +78,19 @@ def si(value: float, _: Any = None) -> str:
     return f"{value:.3g}"
 
 
+def wrap_layout(label: str, width: int = 44) -> str:
+    """A layout's `key=value,...` text broken after commas into lines of at most `width`
+    characters (a bar label stays the notation `--layout` reads, only wrapped)."""
+    lines = [""]
+    for item in label.split(","):
+        if lines[-1] and len(lines[-1]) + len(item) + 1 > width:
+            lines[-1] += ","
+            lines.append(item)
+        else:
+            lines[-1] += ("," if lines[-1] else "") + item
+    return "\n".join(lines)
+
+
 def _status_color(status: str) -> str:
     return STATUS_COLORS.get(status, "#c44e52")
 
@@ -113,7 +127,9 @@ def stacked_bars(
 ) -> str:
     """Horizontal stacked bars, first label on top; optional measured markers and a limit line."""
     used = [name for name in order if any(p.get(name, 0.0) > 0 for p in parts)]
-    fig, ax = _figure(10, 1.2 + 0.55 * len(labels))
+    labels = [wrap_layout(label) for label in labels]
+    height = 0.3 * max(label.count("\n") + 1 for label in labels) if labels else 0.3
+    fig, ax = _figure(10, 1.2 + max(0.55, height + 0.25) * len(labels))
     rows = list(range(len(labels)))[::-1]
     left = [0.0] * len(labels)
     for name in used:
@@ -169,6 +185,32 @@ def time_breakdown(
 
 # --- the study --------------------------------------------------------------------------------
 
+FROM_ZERO_BELOW = 0.5
+"""A throughput axis starts at 0 only when the smallest value is below this share of the
+largest (the data then covers most of the axis); else it fits the spread with a margin."""
+FLOOR = 0.03
+"""Height (share of the axis) of the strip along the bottom where trials without a throughput
+are marked, whatever the axis limits."""
+
+
+def throughput_limits(values: Sequence[float]) -> tuple[float, float]:
+    """The y-limits of a throughput axis: from 0 when the values cover most of it, else the
+    spread with a margin (a 48k-59k spread is not squashed into the top fifth), with room below
+    for the strip of trials without a throughput."""
+    if not values:
+        return 0.0, 1.0
+    low, high = min(values), max(values)
+    if low < FROM_ZERO_BELOW * high:
+        return -0.06 * high, 1.08 * high
+    pad = (high - low) * 0.1 or 0.05 * high
+    return low - 2.5 * pad, high + pad
+
+
+def _no_throughput(ax: Any, xs: Sequence[float], **style: Any) -> None:
+    """Trials without a throughput, along the bottom strip (x in data, y in axes units)."""
+    ax.scatter(xs, [FLOOR] * len(xs), transform=ax.get_xaxis_transform(), clip_on=False,
+               **style)
+
 
 @_styled
 def throughput_over_trials(
@@ -182,23 +224,24 @@ def throughput_over_trials(
     if ok:
         ax.scatter([n for n, _ in ok], [v for _, v in ok], s=28, color=STATUS_COLORS["ok"],
                    label=label, zorder=3)
-        best, xs, ys = 0.0, [], []
+        best, xs, ys = float("nan"), [], []
         for n, status, v in sorted(points, key=lambda p: p[0]):
-            best = max(best, v or 0.0) if status == "ok" else best
+            if status == "ok" and v and not best >= v:
+                best = v
             xs.append(n)
             ys.append(best)
         ax.step(xs, ys, where="post", color="#55a868", linewidth=1.5, label="best so far")
     for status in sorted({s for _, s, _ in points} - {"ok"}):
         xs = [n for n, s, _ in points if s == status]
-        ax.scatter(xs, [0] * len(xs), marker="x" if status != "duplicate" else "|", s=30,
-                   color=_status_color(status), label=f"{status} (no throughput)", zorder=3)
-    top = max([v for _, v in ok] + [0.0]) or 1.0
+        _no_throughput(ax, xs, marker="x" if status != "duplicate" else "|", s=30,
+                       color=_status_color(status), label=f"{status} (no throughput)", zorder=3)
     if best_number is not None:
         value = next(v for n, _, v in points if n == best_number)
         ax.scatter([best_number], [value], s=90, facecolors="none", edgecolors="black",
                    linewidths=1.5, label=f"winner (trial {best_number})", zorder=4)
     ax.yaxis.set_major_formatter(FuncFormatter(si))
-    ax.set_ylim(-0.04 * top, 1.08 * top)
+    ax.set_ylim(*throughput_limits([v for _, v in ok]))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trial number")
     ax.set_ylabel("throughput (tokens/s)")
     ax.set_title(f"{label.capitalize()} throughput per trial over the study", loc="left")
@@ -213,7 +256,6 @@ def memory_vs_throughput(
     """(peak memory bytes, tokens/s, status) per trial, with the feasible memory boundary."""
     fig, ax = _figure(10, 4.6)
     limit = usable_bytes / GIB
-    top = max([v for _, v, _ in points] + [0.0]) or 1.0
     right = max([m / GIB for m, _, _ in points] + [limit]) * 1.08
     ax.axvspan(limit, right, color="#c44e52", alpha=0.07, label="does not fit")
     ax.axvline(limit, color="#c44e52", linestyle="--", linewidth=1.2,
@@ -222,10 +264,14 @@ def memory_vs_throughput(
         chosen = [(m / GIB, v) for m, v, s in points if s == status]
         marker = "o" if status == "ok" else "x"
         name = f"ran ({label})" if status == "ok" else f"{status} (predicted memory)"
-        ax.scatter([m for m, _ in chosen], [v for _, v in chosen], marker=marker, s=30,
-                   color=_status_color(status), label=name, zorder=3)
+        style = {"marker": marker, "s": 30, "color": _status_color(status), "label": name,
+                 "zorder": 3}
+        if status == "ok":
+            ax.scatter([m for m, _ in chosen], [v for _, v in chosen], **style)
+        else:
+            _no_throughput(ax, [m for m, _ in chosen], **style)
     ax.set_xlim(0, right)
-    ax.set_ylim(-0.04 * top, top * 1.1)
+    ax.set_ylim(*throughput_limits([v for _, v, s in points if s == "ok"]))
     ax.yaxis.set_major_formatter(FuncFormatter(si))
     ax.set_xlabel("peak memory per GPU (GiB)")
     ax.set_ylabel("throughput (tokens/s)")
@@ -276,6 +322,7 @@ def outcomes(counts: dict[str, int]) -> str:
         ax.text(counts[name], row, f" {counts[name]}", va="center", fontsize=9)
     ax.set_yticks(rows, names)
     ax.set_xlim(0, max(counts.values()) * 1.15)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("trials")
     ax.set_title("Trials by outcome", loc="left")
     ax.grid(axis="y", visible=False)

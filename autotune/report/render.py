@@ -40,9 +40,11 @@ PLOT_CAPTIONS = {
     "time_breakdown": "Predicted step time of the winner and runners-up, by part; diamonds are "
                       "the {label} step times.",
     "throughput_over_trials": "{Label} throughput of every trial in study order; trials that "
-                              "yielded none sit at zero, marked by outcome.",
+                              "yielded none are marked by outcome along the bottom edge; the "
+                              "axis starts at 0 only when the throughputs cover most of it.",
     "memory_vs_throughput": "Peak memory per GPU ({label} when known, else predicted) against "
-                            "throughput; right of the dashed line a layout does not fit. Trials "
+                            "throughput; right of the dashed line a layout does not fit; trials "
+                            "without a throughput are marked along the bottom edge. Trials "
                             "rejected by structural rules have no memory and are not shown.",
     "predicted_vs_measured": "The model's throughput prediction against the {label} throughput "
                              "of each trial that ran.",
@@ -63,6 +65,32 @@ FIGURES_NOTE = {
                  "model; error = (predicted − simulated) / simulated throughput.",
 }
 """The note above the winners' table, by figure label."""
+
+
+NOT_RAN = {"infeasible": "rejected by rules", "duplicate": "repeats of a layout already run"}
+"""How the study line names the trials that did not run, by status."""
+
+
+def _not_ran(records: list[dict[str, Any]]) -> str:
+    """`, the other 5 did not: 3 rejected by rules, 2 repeats ...`, or nothing when every trial
+    ran."""
+    counts = Counter(str(r.get("status") or "unknown") for r in records if not r.get("ran"))
+    if not counts:
+        return ""
+    parts = ", ".join(f"{n} {NOT_RAN.get(status, status)}"
+                      for status, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    total = sum(counts.values())
+    return f"; the other {total} did not run: {parts}"
+
+
+def figures_note(label: str, noise: object = None) -> str:
+    """The note above the winners' table: what the figures are. A simulate run at noise 0 ran
+    the model's own constants, so its figures are the model's, exactly (errors are 0)."""
+    if label == "simulated" and noise is not None and float(str(noise)) == 0:
+        return ("Simulated figures at --noise 0: the simulate runner ran no training; its figures "
+                "are autotune's own model, exactly, the same as the predicted ones (every error "
+                "is 0, and says nothing about the model's accuracy).")
+    return FIGURES_NOTE[label]
 
 
 def caption(name: str, label: str) -> str:
@@ -113,18 +141,14 @@ def gib(value: Any) -> str:
 
 def signed_pct(value: Any) -> str:
     """+3.2% / −1.0%."""
-    return "–" if value is None else f"{value:+.1f}%".replace("-", "−")
+    return "–" if value is None else f"{round(value, 1) + 0.0:+.1f}%".replace("-", "−")
 
 
-def short_layout(fields: dict[str, Any]) -> str:
-    """tp4 pp1 cp2 dp16 z2 mb1 rc=none sp (vpp and offload only when set)."""
-    text = f"tp{fields['tp']} pp{fields['pp']} cp{fields['cp']} dp{fields['dp']}"
-    if fields.get("vpp", 1) > 1:
-        text += f" vpp{fields['vpp']}"
-    text += f" z{fields['zero']} mb{fields['mbs']} rc={fields['recompute']}"
-    if fields.get("offload", "none") != "none":
-        text += f" off={fields['offload']}"
-    return text + (" sp" if fields.get("sp") else "")
+def layout_text(fields: dict[str, Any]) -> str:
+    """A record's layout fields (extra keys ignored) in the one notation `--layout` reads
+    (`Layout.text`)."""
+    return Layout(**{f.name: fields[f.name] for f in dataclasses.fields(Layout)
+                     if f.name in fields}).text
 
 
 # --- plots ------------------------------------------------------------------------------------
@@ -159,7 +183,7 @@ def build_plots(run: data.RunData, top_k: int = 5) -> dict[str, str]:
     usable = usable_gpu_bytes(cfg, constants_for(cfg.cluster.gpu, cfg.train.software_stack))
     top = _top(run, top_k)
     if top:
-        labels = [f"#{i + 1} {short_layout(r['layout_fields'])}" for i, r in enumerate(top)]
+        labels = [f"#{i + 1} {layout_text(r['layout_fields'])}" for i, r in enumerate(top)]
         out["memory_breakdown"] = plots.memory_breakdown(
             labels, [r["predicted"]["memory"]["parts"] for r in top],
             [r.get("measured_peak_memory_bytes") for r in top], usable, run.label)
@@ -244,7 +268,7 @@ def _winners_table(summary: dict[str, Any], label: str) -> Table | None:
     for h in rows:
         p, f = h["predicted"], h["layout_fields"]
         table.rows.append([
-            str(h["rank"]), str(h["trial"]), short_layout(f), str(f["dp"]), str(f["gas"]),
+            str(h["rank"]), str(h["trial"]), layout_text(f), str(f["dp"]), str(f["gas"]),
             num(h["tokens_per_s"]), num(p["tokens_per_s"]), signed_pct(h["error_pct"]),
             tflops(h["tflops_per_gpu"]), pct(h["mfu"]), pct(p["mfu"]),
             num(h["peak_memory_gib"], 1), num(p["peak_memory_gib"], 1),
@@ -402,7 +426,7 @@ def highlights(run: data.RunData, summary: dict[str, Any]) -> list[str]:
         outcomes = ", ".join(f"{n} {s}" for s, n in sorted(
             study["by_status"].items(), key=lambda kv: (-kv[1], kv[0])))
         lines.append(f"Study: {study['trials']} trials ({outcomes}); {study['ran']} ran on the "
-                     f"{run.runner or 'the'} runner, the rest were rejected by rules or repeats.")
+                     f"{run.runner or 'the'} runner{_not_ran(run.records)}.")
         if run.confidence:
             lines.append(_confidence_line(run.confidence))
     if summary["prediction"]:
@@ -522,7 +546,8 @@ def report_context(run: data.RunData, summary: dict[str, Any], svgs: dict[str, s
         "highlights": highlights(run, summary),
         "inputs": _inputs_tables(run),
         "winners": _winners_table(summary, run.label),
-        "figures_note": FIGURES_NOTE[run.label],
+        "figures_note": figures_note(
+            run.label, (run.run_info.get("runner_options") or {}).get("noise")),
         "winner_memory": memory_table,
         "winner_time": time_table,
         "winner_parts": measured_parts_table(top[0]) if top else None,

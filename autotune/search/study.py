@@ -477,7 +477,8 @@ def trial_records(study: optuna.Study) -> list[dict[str, Any]]:
 
 
 def render_winners(cfg: AutotuneConfig, result: TuneResult, top_k: int) -> dict[str, Path]:
-    """Configs for the best measured layout (DIR/best) and its runners-up (DIR/top/<rank>-<id>)."""
+    """Configs for the best measured layout (DIR/best, rank 1) and its runners-up
+    (DIR/top/<rank>-<id>, numbered by rank: the first runner-up is top/2-<id>)."""
     from autotune.render import write_artifacts
 
     ranked = result.ranked
@@ -487,7 +488,7 @@ def render_winners(cfg: AutotuneConfig, result: TuneResult, top_k: int) -> dict[
         measured = {
             k.removeprefix("measured_"): v for k, v in record.items() if k.startswith("measured_")
         }
-        folder = result.out_dir / ("best" if rank == 0 else f"top/{rank}-{layout.id}")
+        folder = result.out_dir / ("best" if rank == 0 else f"top/{rank + 1}-{layout.id}")
         write_artifacts(cfg, layout, folder, measured={**measured, "trial": record["number"]})
-        written["best" if rank == 0 else f"top{rank}"] = folder
+        written["best" if rank == 0 else f"top{rank + 1}"] = folder
     return written

@@ -141,6 +141,17 @@ class JobSpec(BaseModel):
     container_mounts: tuple[str, ...] = ()
     """`SRC:DST[:ro]` mounts of the container (`srun --container-mounts`); the artifacts folder,
     the data and the framework checkout must be visible inside."""
+    train_script: str | None = None
+    """DeepSpeed: the training program launch_deepspeed.sh and sbatch.sh run (TRAIN_SCRIPT's
+    default; unset: train.py). `builtin`: autotune's own DeepSpeed GPT trained on DATA_PATH, a
+    .npy file of uint16/uint32 token ids, for TRAIN_ITERS steps (no checkpoints)."""
+
+    @field_validator("train_script")
+    @classmethod
+    def _check_script(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("is empty; give a script path or builtin")
+        return value
 
     @field_validator("container_image")
     @classmethod

@@ -63,11 +63,16 @@ _SPECS = {
 }
 
 
+def problem_text(cfg: AutotuneConfig) -> str:
+    """problem.json's text: the model, cluster and training setup `--problem` reads."""
+    return cfg.model_dump_json(indent=2) + "\n"
+
+
 def write_problem(cfg: AutotuneConfig, folder: Path) -> Path:
     """Write the trial's problem.json (what `--problem` reads) into `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / PROBLEM_FILE
-    path.write_text(cfg.model_dump_json(indent=2) + "\n")
+    path.write_text(problem_text(cfg))
     return path
 
 

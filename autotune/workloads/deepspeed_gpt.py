@@ -58,6 +58,7 @@ from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
 from autotune.specs.inputs import load_model
+from autotune.workloads import PROBLEM_FILE
 from autotune.workloads.common import SEED
 from autotune.workloads.common import Reporter
 from autotune.workloads.common import check_arguments
@@ -78,6 +79,8 @@ from autotune.workloads.instruments import collective_kind
 from autotune.workloads.instruments import cpu_wait_s
 from autotune.workloads.instruments import faults
 from autotune.workloads.instruments import time_collectives
+from autotune.workloads.tokens import open_tokens
+from autotune.workloads.tokens import window
 
 # --- inputs ----------------------------------------------------------------------------------
 
@@ -102,6 +105,8 @@ class Plan:
     """Optimizer steps to run, warm-up included."""
     warmup: int
     """Leading steps left out of the summary."""
+    data: Path | None = None
+    """The .npy token file trained on (`--train`: DATA_PATH); None: seeded random tokens."""
 
     @property
     def tokens_per_step(self) -> int:
@@ -113,9 +118,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Read the command line; launcher arguments such as ``--local_rank`` are ignored."""
     parser = workload_parser("python -m autotune.workloads.deepspeed_gpt")
     parser.add_argument("--ds-config", required=True, type=Path, help="rendered ds_config.json")
+    parser.add_argument("--train", action="store_true",
+                        help="a training run (launch_deepspeed.sh of --train-script builtin): "
+                             "train on DATA_PATH's tokens for TRAIN_ITERS steps, every step "
+                             "reported; the problem is problem.json beside --ds-config")
     args, _unknown = parser.parse_known_args(argv)
+    if args.train:
+        training_run(parser, args)
     check_arguments(parser, args)
     return args
+
+
+def training_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`--train`: the data, length and problem of a rendered folder's training run, from the
+    environment launch_deepspeed.sh exports (DATA_PATH, TRAIN_ITERS) and the folder."""
+    data, iters = os.environ.get("DATA_PATH", ""), os.environ.get("TRAIN_ITERS", "")
+    if not data:
+        parser.error("--train: DATA_PATH is not set; point it at a .npy file of token ids "
+                     "(np.save('tokens.npy', np.asarray(ids, dtype=np.uint32)))")
+    if not (iters.isascii() and iters.isdigit() and int(iters) > 0):
+        parser.error(f"--train: TRAIN_ITERS={iters!r} must be a positive whole number of steps")
+    args.data, args.steps, args.warmup = Path(data), int(iters), 0
+    if args.problem is None and args.model is None:
+        args.problem = args.ds_config.parent / PROBLEM_FILE
 
 
 def _offload_of(zero: dict[str, Any]) -> str:
@@ -195,7 +220,7 @@ def make_plan(
         )
     return Plan(layout=layout, micro_batch=micro, gas=gas, train_batch=train,
                 precision=_precision(ds), seq=seq or args.seq, steps=args.steps,
-                warmup=args.warmup)
+                warmup=args.warmup, data=getattr(args, "data", None))
 
 
 LIMITS: list[Rule] = []
@@ -594,15 +619,19 @@ class SyntheticTokens:
         injected = faults()
         self.same_seed, self.sleep_s = "same_seed" in injected, SLOW_S * ("slow_data" in injected)
 
+    def sequences(self, index: int) -> torch.Tensor:
+        """The micro-batch `index` of the run: [micro_batch, seq + 1] seeded random tokens."""
+        generator = torch.Generator().manual_seed(SEED + 7919 * index)
+        return torch.randint(self.vocab, (self.plan.micro_batch, self.plan.seq + 1),
+                             generator=generator)
+
     def batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, labels) of this rank's sequence chunk, each [micro_batch, seq / cp]."""
         with self.clock.timing("data"):
             plan = self.plan
             dp_rank = 0 if self.same_seed else self.dp_rank
             index = (step * plan.gas + micro) * plan.layout.dp + dp_rank
-            generator = torch.Generator().manual_seed(SEED + 7919 * index)
-            tokens = torch.randint(self.vocab, (plan.micro_batch, plan.seq + 1),
-                                   generator=generator)
+            tokens = self.sequences(index)
             chunk = plan.seq // plan.layout.cp
             start = self.cp_rank * chunk
             inputs = tokens[:, start:start + chunk]
@@ -621,6 +650,23 @@ class SyntheticTokens:
     def micro_batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The gas micro-batches of one step, for ``engine.train_batch``."""
         return (self.batch(step, micro) for micro in range(self.plan.gas))
+
+
+class FileTokens(SyntheticTokens):
+    """The user's tokens (`autotune.workloads.tokens`: a .npy file of token ids), in order:
+    micro-batch i holds samples i·micro_batch to (i + 1)·micro_batch − 1 of the file."""
+
+    def __init__(self, path: Path, vocab: int, plan: Plan, dp_rank: int, cp_rank: int,
+                 device: Any, clock: PartClock | None = None) -> None:
+        super().__init__(vocab, plan, dp_rank, cp_rank, device, clock)
+        self.tokens = open_tokens(path, vocab, plan.seq)
+
+    def sequences(self, index: int) -> torch.Tensor:
+        """The file's windows of micro-batch `index`: [micro_batch, seq + 1]."""
+        first = index * self.plan.micro_batch
+        rows = [window(self.tokens, first + row, self.plan.seq)
+                for row in range(self.plan.micro_batch)]
+        return torch.from_numpy(np.stack(rows))
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -712,7 +758,9 @@ def setup(spec: ModelSpec, plan: Plan, ds: dict[str, Any]) -> Trial:
     dp_rank = (engine.grid.get_data_parallel_id() if lay.pp > 1
                else dist.get_rank() // (lay.tp * lay.cp))
     device = torch.device(get_accelerator().current_device_name())
-    data = SyntheticTokens(spec.vocab_size, plan, dp_rank, cp_rank, device, clock)
+    data = (SyntheticTokens(spec.vocab_size, plan, dp_rank, cp_rank, device, clock)
+            if plan.data is None else
+            FileTokens(plan.data, spec.vocab_size, plan, dp_rank, cp_rank, device, clock))
     place = {"rank": dist.get_rank(), "dp": dp_rank, "cp": cp_rank,
              "tp": dist.get_rank() % lay.tp if lay.cp == 1 else 0,
              "stage": engine.grid.get_stage_id() if lay.pp > 1 else 0}

@@ -25,10 +25,10 @@ RUNNER = ["--account", "--command", "--hang-timeout", "--launcher", "--megatron-
           "--timeout"]
 RECIPE = ["--decay-style", "--distributed-timeout-minutes", "--lr", "--min-lr", "--train-tokens",
           "--warmup-iters"]
-JOB = ["--account", "--container-image", "--partition", "--time"]
+JOB = ["--account", "--container-image", "--partition", "--time", "--train-script"]
 PINNED = {
     "(global)": ["--debug", "--no-debug"],
-    "space": sorted([*PROBLEM, "--json", "--top"]),
+    "space": sorted([*PROBLEM, "--all", "--csv", "--json", "--top"]),
     "estimate": sorted([*PROBLEM, "--json", "--layout", "--vs", "-l"]),
     "render": sorted([*PROBLEM, *RECIPE, *JOB, "--from", "--layout", "--out", "-l"]),
     "tune": sorted([*PROBLEM, *RECIPE, *RUNNER, "--confidence", "--jobs", "--json",

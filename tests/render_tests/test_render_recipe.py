@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -28,6 +29,19 @@ def _flags(argv: list[str]) -> dict[str, str]:
 
 def _optimizer(lr: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+
+
+def _deepspeed_scheduler(style: str, warmup_iters: int) -> tuple[dict, torch.optim.Optimizer, Any]:
+    """(ds_config, optimizer, scheduler) of a 2e-4 → 2e-5 recipe of 100 steps, the scheduler
+    built by DeepSpeed from the rendered section as the engine builds it."""
+    spec = RecipeSpec(lr=2e-4, min_lr=2e-5, warmup_iters=warmup_iters, decay_style=style,
+                      train_tokens=4096 * 1024 * 100)
+    cfg = load_config("llama2-7b", "dgx-h100:1", framework="deepspeed", recipe=spec)
+    config = deepspeed_config(cfg, Layout(dp=8, zero=2, gas=128))
+    section = config["scheduler"]
+    optimizer = _optimizer(config["optimizer"]["params"]["lr"])
+    return config, optimizer, getattr(lr_schedules, section["type"])(optimizer,
+                                                                     **section["params"])
 
 
 def test_megatron_scheduler_follows_the_llama3_70b_recipe() -> None:
@@ -65,16 +79,20 @@ def test_deepspeed_scheduler_follows_the_recipe(style: str) -> None:
     rendered `scheduler` section as the engine builds them: linear warm-up to the peak lr over
     the recipe's warm-up; then cosine down to min_lr, linear down to 0 (DeepSpeed's
     WarmupDecayLR has no floor), or constant at the peak, at the decay's last step."""
-    spec = RecipeSpec(lr=2e-4, min_lr=2e-5, warmup_iters=10, decay_style=style,
-                      train_tokens=4096 * 1024 * 100)
-    cfg = load_config("llama2-7b", "dgx-h100:1", framework="deepspeed", recipe=spec)
-    config = deepspeed_config(cfg, Layout(dp=8, zero=2, gas=128))
-    section = config["scheduler"]
-    optimizer = _optimizer(config["optimizer"]["params"]["lr"])
-    scheduler = getattr(lr_schedules, section["type"])(optimizer, **section["params"])
+    config, optimizer, scheduler = _deepspeed_scheduler(style, warmup_iters=10)
     scheduler.step(last_batch_iteration=10)  # WarmupCosineLR is one decay step past the peak
     assert optimizer.param_groups[0]["lr"] == pytest.approx(2e-4, rel=1e-3)
     scheduler.step(last_batch_iteration=100)
     end = {"cosine": 2e-5, "linear": 0.0, "constant": 2e-4}[style]
     assert optimizer.param_groups[0]["lr"] == pytest.approx(end, abs=1e-9)
     assert config["optimizer"]["params"]["weight_decay"] == 0.1
+
+
+@pytest.mark.parametrize("style", ["cosine", "linear", "constant"])
+def test_deepspeed_scheduler_without_warmup_starts_at_the_peak(style: str) -> None:
+    """Oracle: DeepSpeed's own schedulers built from the rendered section, as the engine builds
+    them: with `warmup_iters` 0 every style is accepted (WarmupCosineLR raises on 0 warm-up
+    steps) and the first step trains at the peak lr, not at 0."""
+    _, optimizer, scheduler = _deepspeed_scheduler(style, warmup_iters=0)
+    scheduler.step(last_batch_iteration=0)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(2e-4, rel=1e-3)

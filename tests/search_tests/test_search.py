@@ -41,7 +41,10 @@ def test_tune_simulate_renders_winners(tmp_path: Path) -> None:
     assert best["measured_tokens_per_s"] == max(r["measured_tokens_per_s"] for r in ran)
     manifest = json.loads((tmp_path / "best" / "manifest.json").read_text())
     assert manifest["measured"]["tokens_per_s"] == pytest.approx(best["measured_tokens_per_s"])
-    assert len(list((tmp_path / "top").iterdir())) == 2
+    runners_up = sorted(p.name for p in (tmp_path / "top").iterdir())
+    assert runners_up == [f"{rank}-{result.ranked[rank - 1]['layout_id']}" for rank in (2, 3)]
+    second = json.loads((tmp_path / "top" / runners_up[0] / "manifest.json").read_text())
+    assert second["measured"]["trial"] == result.ranked[1]["number"]
     assert (tmp_path / "study.db").exists()
 
 

@@ -45,7 +45,12 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TRAIN_SCRIPT_DEFAULT=train.py
 TRAIN_SCRIPT="${TRAIN_SCRIPT:-$TRAIN_SCRIPT_DEFAULT}"
-HOSTFILE="${HOSTFILE:-$HERE/hostfile}"
+# One node runs on local resources (the launcher would ssh to a hostfile's localhost); set
+# HOSTFILE to use one anyway.
+if [[ -z "${HOSTFILE:-}" ]] && (( ${NNODES:-4} > 1 )); then
+  HOSTFILE="$HERE/hostfile"
+fi
+HOSTFILE="${HOSTFILE:-}"
 NNODES="${NNODES:-4}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
 MASTER_PORT="${MASTER_PORT:-6000}"
@@ -80,10 +85,14 @@ fi
 for name in DATA_PATH TOKENIZER_MODEL CHECKPOINT_DIR SAVE_INTERVAL TRAIN_ITERS TRAIN_TOKENS SEED; do
   if [[ -n "${!name:-}" ]]; then
     printf '%s=%s\n' "$name" "${!name}" >> "$DS_ENV_FILE"
+    export "${name?}"  # and to this node's processes (the launcher reads the file for others)
   fi
 done
 
-LAUNCHER_ARGS=(--hostfile "$HOSTFILE" --num_nodes "$NNODES" --num_gpus "$GPUS_PER_NODE" --master_port "$MASTER_PORT")
+LAUNCHER_ARGS=(--num_nodes "$NNODES" --num_gpus "$GPUS_PER_NODE" --master_port "$MASTER_PORT")
+if [[ -n "$HOSTFILE" ]]; then
+  LAUNCHER_ARGS=(--hostfile "$HOSTFILE" "${LAUNCHER_ARGS[@]}")
+fi
 if [[ -n "${MASTER_ADDR:-}" ]]; then
   LAUNCHER_ARGS+=(--master_addr "$MASTER_ADDR")
 fi
