@@ -93,7 +93,7 @@ def calibrate_from_runs(cfg: AutotuneConfig, runs: Sequence[tuple[Layout, float]
               for i, (layout, step) in enumerate(runs)]
     fitted = fit_constants(points, base, names)
     table = LayoutTable.from_layouts([layout for layout, _ in runs])
-    predicted = np.asarray(evaluate(cfg, table, fitted)["step_time_s"])
+    predicted = np.asarray(evaluate(cfg, table, fitted).step_time_s)
     measured = np.array([step for _, step in runs])
     errors = np.abs(predicted / measured - 1)
     bounds = {name: side for name, side, _ in at_bounds(fitted, names)}

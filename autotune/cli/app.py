@@ -52,7 +52,6 @@ from autotune.cli.options import flag_of
 from autotune.cli.options import with_options
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.estimate import estimate as estimate_layout
-from autotune.costmodel.estimate import row_estimate
 from autotune.costmodel.uncertainty import prediction_interval
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
@@ -239,7 +238,7 @@ def space(
     if not len(result):
         raise AutotuneError(no_feasible_message(result))
     band = prediction_interval(cfg)
-    ranked = rank_with_ties([row_estimate(result.feasible.row(i), result.values, i)
+    ranked = rank_with_ties([result.estimates.row(i)
                              for i in range(min(max(top, 500), len(result)))], band)[:top]
     best = [e for e, _ in ranked]
     if as_json:

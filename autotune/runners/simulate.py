@@ -79,21 +79,21 @@ class SimulateRunner(Runner):
         cfg, layout = plan.cfg, plan.layout
         k = self.truth_constants(cfg)
         values = evaluate(cfg, LayoutTable.from_layouts([layout]), k)
-        peak = float(values["peak_memory_bytes"][0]) + self.hidden_memory_gib * GIB
+        peak = float(values.peak_memory_bytes[0]) + self.hidden_memory_gib * GIB
         if peak > usable_gpu_bytes(cfg, k):
             return Measurement(
                 "oom", peak_memory_bytes=peak, reason="simulated peak memory exceeds the GPU"
             )
         factor = layout_jitter(layout, self.noise, self.seed)
-        step = float(values["step_time_s"][0]) * factor
+        step = float(values.step_time_s[0]) * factor
         if plan.report(1, cfg.train.tokens_per_step / step):
             return Measurement("pruned", reason="stopped by the pruner")
         return Measurement(
             "ok",
             step_time_s=step,
             tokens_per_s=cfg.train.tokens_per_step / step,
-            tflops_per_gpu=float(values["tflops_per_gpu"][0]) / factor,
-            mfu=float(values["mfu"][0]) / factor,
+            tflops_per_gpu=float(values.tflops_per_gpu[0]) / factor,
+            mfu=float(values.mfu[0]) / factor,
             peak_memory_bytes=peak,
             step_time_spread=0.0,
         )

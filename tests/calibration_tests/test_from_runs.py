@@ -32,7 +32,7 @@ def _write_runs(path: Path, noise: float, count: int = 120) -> None:
     truth = constants_for(cfg.cluster.gpu, cfg.train.software_stack).model_copy(update=TRUTH)
     from autotune.layout import LayoutTable
 
-    steps = evaluate(cfg, LayoutTable.from_layouts(layouts), truth)["step_time_s"]
+    steps = evaluate(cfg, LayoutTable.from_layouts(layouts), truth).step_time_s
     noisy = steps * (1 + np.random.default_rng(2).normal(0, noise, len(steps)))
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -67,7 +67,7 @@ def test_constant_on_bound_is_warned(tmp_path: Path) -> None:
     layouts = [feasible.row(i) for i in range(0, len(feasible), max(1, len(feasible) // 8))][:8]
     from autotune.layout import LayoutTable
 
-    steps = 3 * evaluate(cfg, LayoutTable.from_layouts(layouts))["step_time_s"]
+    steps = 3 * evaluate(cfg, LayoutTable.from_layouts(layouts)).step_time_s
     calibration = calibrate_from_runs(cfg, list(zip(layouts, steps, strict=True)), "slow")
     assert calibration.constants["gemm_efficiency"].at_bound == "lower"
     assert any(w.startswith("gemm_efficiency") and "lower bound" in w
