@@ -275,12 +275,13 @@ class Layout:
         tp, pp, cp = integer("tp", 1), integer("pp", 1), integer("cp", 1)
         mbs = integer("mbs", 1)
         model_parallel = tp * pp * cp
-        if world_size % model_parallel:
+        dp, gas = (int(n) for n in derive_dp_gas(world_size, global_batch_size, model_parallel,
+                                                  mbs))
+        if not dp:
             raise AutotuneError(
                 f"--layout: tp·pp·cp = {tp}·{pp}·{cp} = {model_parallel} does not divide the "
                 f"{world_size} GPUs of the cluster; pick degrees whose product divides it"
             )
-        dp = world_size // model_parallel
         if "dp" in values and integer("dp", dp) != dp:
             raise AutotuneError(
                 f"--layout: dp={values['dp']} contradicts tp·pp·cp·dp = {world_size}; "
@@ -291,7 +292,6 @@ class Layout:
                 f"--layout: the global batch {global_batch_size} is not divisible by mbs·dp = "
                 f"{mbs}·{dp}; change mbs or --gbs"
             )
-        gas = global_batch_size // (mbs * dp)
         if "gas" in values and integer("gas", gas) != gas:
             raise AutotuneError(
                 f"--layout: gas={values['gas']} contradicts the global batch {global_batch_size} "
@@ -373,9 +373,24 @@ class LayoutTable:
         return np.maximum(self.gas, 1)
 
     @property
+    def world_size(self) -> IntArray:
+        """GPUs each layout occupies."""
+        return self.model_parallel * self.dp
+
+    @property
+    def moe_parallel(self) -> BoolArray:
+        """Experts are split (ep or etp above 1)."""
+        return (self.ep > 1) | (self.etp > 1)
+
+    @property
     def expert_grid(self) -> IntArray:
         """GPUs of one expert replica: etp·ep·pp (the world must be a multiple)."""
         return self.etp * self.ep * self.pp
+
+    @property
+    def global_batch_size(self) -> IntArray:
+        """Sequences per optimizer step."""
+        return self.mbs * self.dp * self.gas
 
     @property
     def expert_data_parallel(self) -> np.ndarray:

@@ -40,8 +40,8 @@ def fingerprint(
     cfg = load_config(model, cluster, framework=framework, **extra)  # type: ignore[arg-type]
     result = enumerate_layouts(cfg, load_space(None, framework))
     ids = [layout.id for layout in result.feasible.rows()]
-    step = np.asarray(result.values["step_time_s"], dtype=float)
-    peak = np.asarray(result.values["memory"]["total"], dtype=float)
+    step = np.asarray(result.estimates.step_time_s, dtype=float)
+    peak = np.asarray(result.estimates.memory.total, dtype=float)
     body = {
         "ids": ids,
         "step": [float(f"{x:.12g}") for x in step],

@@ -110,7 +110,7 @@ def assess(run: PublishedRun) -> dict:
     verdict = verdict_of(run, over, broken, states)
     result = enumerate_layouts(cfg, widened_space(run), k)
     ours = result.feasible.row(0) if len(result) else None
-    ours_tps = float(result.values["tokens_per_s"][0]) if len(result) else float("nan")
+    ours_tps = float(result.estimates.tokens_per_s[0]) if len(result) else float("nan")
     return {
         "layout": label(run.layouts[frugal], open_dimensions(run.layouts)),
         "peak_gib": memory[frugal].peak_memory_bytes / GIB,
@@ -119,7 +119,7 @@ def assess(run: PublishedRun) -> dict:
         "wrong": verdict.startswith("WRONGLY"),
         "theirs_tps": theirs.tokens_per_s / cfg.world_size,
         "ours": label(ours) if ours else "none feasible",
-        "ours_mfu": float(result.values["mfu"][0]) if len(result) else float("nan"),
+        "ours_mfu": float(result.estimates.mfu[0]) if len(result) else float("nan"),
         "ratio": ours_tps / theirs.tokens_per_s,
     }
 

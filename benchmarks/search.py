@@ -143,16 +143,16 @@ class PerturbedTruth:
         values = evaluate(self.cfg, t, self.k)
         jitter = np.array([layout_jitter(r, self.runner.noise, self.seed) for r in t.rows()])
         tokens = t.mbs * t.dp * np.maximum(t.gas, 1) * self.cfg.train.seq_length
-        return tokens / (values["step_time_s"] * jitter)
+        return tokens / (values.step_time_s * jitter)
 
     def oom(self, t: LayoutTable) -> np.ndarray:
-        return evaluate(self.cfg, t, self.k)["peak_memory_bytes"] > usable_gpu_bytes(
+        return evaluate(self.cfg, t, self.k).peak_memory_bytes > usable_gpu_bytes(
             self.cfg, self.k
         )
 
     def forward_activation_bytes(self, t: LayoutTable) -> np.ndarray:
         one = dataclasses.replace(t, gas=np.ones_like(t.gas))
-        memory = evaluate(self.cfg, one, self.k)["memory"]
+        memory = evaluate(self.cfg, one, self.k).memory.parts
         return memory["activations"] + memory["logits"]
 
     def measure(self, layout: Layout, repetition: int = 0) -> Measurement:

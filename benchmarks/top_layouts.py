@@ -56,7 +56,7 @@ def main() -> None:
                     if not len(result):
                         table.add_row(model, cfg.cluster.name, framework, "0", "", "", "", "")
                         continue
-                    mfu = np.asarray(result.values["mfu"][: args.top])
+                    mfu = np.asarray(result.estimates.mfu[: args.top])
                     count = int(np.sum(mfu > LIMIT))
                     above += count
                     table.add_row(model, cfg.cluster.name, framework, f"{len(result):,}",

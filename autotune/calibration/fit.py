@@ -67,12 +67,12 @@ class Measured:
 
 def predicted_step_s(point: Measured, k: Constants) -> float:
     """The model's step time (the fastest candidate when the layout was not fully published)."""
-    return float(np.min(estimate_time(point.cfg, point.table, k)["total"]))
+    return float(np.min(estimate_time(point.cfg, point.table, k).total))
 
 
 def best_layout(point: Measured, k: Constants) -> Layout:
     """The candidate the model finds fastest."""
-    return point.layouts[int(np.argmin(estimate_time(point.cfg, point.table, k)["total"]))]
+    return point.layouts[int(np.argmin(estimate_time(point.cfg, point.table, k).total))]
 
 
 def errors(points: Sequence[Measured], k: Constants) -> np.ndarray:
@@ -104,7 +104,7 @@ def _step_s(groups: Sequence[_Group], k: Constants, n: int) -> np.ndarray:
     """Each point's modelled step time (its fastest candidate)."""
     out = np.empty(n)
     for g in groups:
-        out[g.members] = np.minimum.reduceat(estimate_time(g.cfg, g.table, k)["total"], g.starts)
+        out[g.members] = np.minimum.reduceat(estimate_time(g.cfg, g.table, k).total, g.starts)
     return out
 
 

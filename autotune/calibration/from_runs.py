@@ -87,11 +87,11 @@ def relative_stderr(cfg: AutotuneConfig, table: LayoutTable, fitted: Constants,
     differences at the fit, σ² = Σ r² / (n − p) of the log residuals, cov = σ² (JᵀJ)⁻¹ (the
     Gauss-Newton covariance of least squares; with noise of σ it is the Cramér-Rao bound)."""
     step = 1e-3
-    base = np.log(np.asarray(evaluate(cfg, table, fitted)["step_time_s"]))
+    base = np.log(np.asarray(evaluate(cfg, table, fitted).step_time_s))
     columns = []
     for name in names:
         moved = fitted.model_copy(update={name: getattr(fitted, name) * np.exp(step)})
-        columns.append((np.log(np.asarray(evaluate(cfg, table, moved)["step_time_s"])) - base)
+        columns.append((np.log(np.asarray(evaluate(cfg, table, moved).step_time_s)) - base)
                        / step)
     jacobian = np.stack(columns, axis=1)
     dof = max(len(log_residuals) - len(names), 1)
@@ -119,7 +119,7 @@ def calibrate_from_runs(cfg: AutotuneConfig, runs: Sequence[tuple[Layout, float]
               for i, (layout, step) in enumerate(runs)]
     fitted = fit_constants(points, base, names)
     table = LayoutTable.from_layouts([layout for layout, _ in runs])
-    predicted = np.asarray(evaluate(cfg, table, fitted)["step_time_s"])
+    predicted = np.asarray(evaluate(cfg, table, fitted).step_time_s)
     measured = np.array([step for _, step in runs])
     errors = np.abs(predicted / measured - 1)
     bounds = {name: side for name, side, _ in at_bounds(fitted, names)}

@@ -394,7 +394,7 @@ def published_run(row: dict[str, str]) -> PublishedRun:
 def memory_fits(cfg: AutotuneConfig, layouts: list[Layout], k: Constants) -> np.ndarray:
     """Whether each layout's predicted peak memory fits the usable GPU memory (within
     RUN_MEMORY_TOLERANCE: these layouts ran)."""
-    peak = estimate_memory(cfg, LayoutTable.from_layouts(layouts), k)["total"]
+    peak = estimate_memory(cfg, LayoutTable.from_layouts(layouts), k).total
     return peak <= usable_gpu_bytes(cfg, k) * (1 + RUN_MEMORY_TOLERANCE)
 
 

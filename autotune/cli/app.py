@@ -32,7 +32,6 @@ from rich.progress import Progress
 from rich.progress import SpinnerColumn
 from rich.progress import TextColumn
 from rich.progress import TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
 from autotune.cli.intervals import interval_json
@@ -50,9 +49,14 @@ from autotune.cli.options import TUNE
 from autotune.cli.options import Section
 from autotune.cli.options import flag_of
 from autotune.cli.options import with_options
-from autotune.costmodel.estimate import Estimate
+from autotune.cli.tables import headline
+from autotune.cli.tables import layout_table
+from autotune.cli.tables import memory_table
+from autotune.cli.tables import records_table
+from autotune.cli.tables import rules_table
+from autotune.cli.tables import scaling_table
+from autotune.cli.tables import time_table
 from autotune.costmodel.estimate import estimate as estimate_layout
-from autotune.costmodel.estimate import row_estimate
 from autotune.costmodel.uncertainty import prediction_interval
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
@@ -63,9 +67,6 @@ from autotune.run import check_layout
 from autotune.run import prepare_out
 from autotune.run import resume_command
 from autotune.runners.factory import figure_label
-from autotune.scaling import THRESHOLDS
-from autotune.scaling import lost_text
-from autotune.search.record import measured_figure
 from autotune.space.export import write_layouts_csv
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
@@ -75,7 +76,6 @@ from autotune.specs import AutotuneConfig
 from autotune.specs.inputs import position_warnings
 from autotune.specs.inputs import validation_message
 from autotune.specs.inputs import validation_problems
-from autotune.units import GIB
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 """The exit codes (see the module docstring)."""
@@ -135,90 +135,6 @@ def _command_line() -> str:
     return shlex.join(["autotune", *_state.get("argv", sys.argv[1:])])
 
 
-# --- tables -----------------------------------------------------------------------------------
-
-
-def _gib(value: float) -> str:
-    return f"{value / GIB:.1f}"
-
-
-def _layout_table(title: str, rows: list[Estimate],
-                  tied: list[bool] | None = None, caption: str | None = None) -> Table:
-    table = Table(title=title, caption=caption)
-    columns = ("#", "layout", "dp", "gas", "tokens/s", "TFLOP/s/GPU", "MFU", "mem GiB")
-    for column in (*columns, *(("vs #1",) if tied is not None else ())):
-        table.add_column(column, justify="left" if column == "layout" else "right")
-    for rank, e in enumerate(rows, 1):
-        table.add_row(
-            str(rank), e.layout.text, str(e.layout.dp), str(e.layout.gas),
-            f"{e.tokens_per_s:,.0f}", f"{e.tflops_per_gpu:.0f}", f"{e.mfu:.1%}",
-            _gib(e.peak_memory_bytes), *(("tied" if tied[rank - 1] else "",) if tied else ()),
-        )
-    return table
-
-
-def _rules_table(removed: dict[str, int], total: int) -> Table:
-    table = Table(title=f"Rules applied to {total:,} candidates (in order)")
-    table.add_column("rule")
-    table.add_column("removed", justify="right")
-    for name, count in removed.items():
-        table.add_row(name, f"{count:,}")
-    return table
-
-
-def _records_table(title: str, records: list[dict[str, Any]], label: str) -> Table:
-    table = Table(title=title)
-    for column in ("#", "trial", "layout", f"{label} tok/s", "predicted tok/s", "error", "MFU",
-                   "mem GiB"):
-        table.add_column(
-            column, justify="left" if column == "layout" else "right", overflow="fold"
-        )
-    for rank, r in enumerate(records, 1):
-        predicted = r.get("predicted", {})
-        measured = measured_figure(r, "tokens_per_s") or 0.0
-        guess = predicted.get("tokens_per_s") or 0.0
-        error = f"{round(guess / measured - 1, 3) + 0.0:+.1%}" if measured and guess else "-"
-        mfu = measured_figure(r, "mfu")
-        table.add_row(
-            str(rank), str(r["number"]), str(r["layout"]), f"{measured:,.0f}", f"{guess:,.0f}",
-            error, f"{mfu:.1%}" if mfu else "-",
-            _gib(predicted.get("peak_memory_bytes") or 0.0),
-        )
-    return table
-
-
-def _scaling_table(result: Any) -> Table:
-    label = figure_label(result.runner)
-    table = Table(title=f"{result.mode} scaling of {result.layout.text} ({label})",
-                  caption=THRESHOLDS)
-    left = ("status", "flag / reason", "efficiency lost to", "grew most")
-    for column in ("GPUs", "nodes", "dp", "gas", "global batch", "status", "tokens/s",
-                   "tok/s/GPU", "efficiency", "flag / reason", "efficiency lost to",
-                   "grew most"):
-        table.add_column(column, justify="left" if column in left else "right")
-    for p in result.points:
-        grew = f"{p.grew} ({p.grew_loss:.1%} lost)" if p.grew else ""
-        table.add_row(
-            str(p.gpus), str(p.nodes), str(p.dp or "-"), str(p.gas or "-"),
-            f"{p.global_batch_size:,}" if p.global_batch_size else "-", p.status,
-            f"{p.tokens_per_s:,.0f}" if p.tokens_per_s else "-",
-            f"{p.tokens_per_s_per_gpu:,.0f}" if p.tokens_per_s else "-",
-            f"{p.efficiency:.2f}" if p.efficiency is not None else "-",
-            p.flag or f"{p.rule} {p.reason}".strip(), lost_text(p.lost), grew,
-        )
-    return table
-
-
-def _headline(cfg: AutotuneConfig) -> str:
-    return (
-        f"[bold]{cfg.model.name}[/] on [bold]{cfg.cluster.name}[/] "
-        f"({cfg.world_size} × {cfg.cluster.gpu.name}), {cfg.train.framework}, "
-        f"seq {cfg.train.seq_length}, global batch {cfg.train.global_batch_size}, "
-        f"{cfg.train.precision}"
-        + (f", calibration {cfg.cluster.gpu.calibration}" if cfg.cluster.gpu.calibration else "")
-    )
-
-
 # --- commands ---------------------------------------------------------------------------------
 
 
@@ -247,7 +163,7 @@ def space(
     if not len(result):
         raise AutotuneError(no_feasible_message(result))
     band = prediction_interval(cfg)
-    ranked = rank_with_ties([row_estimate(result.feasible.row(i), result.values, i)
+    ranked = rank_with_ties([result.estimates.row(i)
                              for i in range(min(max(top, 500), len(result)))], band)[:top]
     best = [e for e, _ in ranked]
     if csv_file is not None:
@@ -263,9 +179,9 @@ def space(
             "top": [e.to_dict() | {"tied_with_first": t} for e, t in ranked],
         }, indent=2))
         return
-    console.print(_headline(cfg))
-    console.print(_rules_table(result.removed, result.total))
-    console.print(_layout_table(f"Top {len(best)} of {len(result):,} feasible layouts", best,
+    console.print(headline(cfg))
+    console.print(rules_table(result.removed, result.total))
+    console.print(layout_table(f"Top {len(best)} of {len(result):,} feasible layouts", best,
                                 [t for _, t in ranked], tie_title(band)))
 
 
@@ -310,23 +226,8 @@ def estimate(
         f"[bold]{parsed.text}[/] (dp={parsed.dp}, gas={parsed.gas}) — {cfg.model.name} on "
         f"{cfg.cluster.name}"
     )
-    mem = Table(title="Memory per GPU (most loaded rank)")
-    mem.add_column("part")
-    mem.add_column("GiB", justify="right")
-    for name, value in result.memory_parts.items():
-        mem.add_row(name, _gib(value))
-    mem.add_row("[bold]total[/]", f"[bold]{_gib(result.peak_memory_bytes)}[/]")
-    if result.host_memory_bytes:
-        mem.add_row("host (per node, offload)", _gib(result.host_memory_bytes))
-    time = Table(title="Step time")
-    time.add_column("part")
-    time.add_column("seconds", justify="right")
-    time.add_column("share", justify="right")
-    for name, value in result.time_parts.items():
-        time.add_row(name, f"{value:.4f}", f"{value / result.step_time_s:.1%}")
-    time.add_row("[bold]total[/]", f"[bold]{result.step_time_s:.4f}[/]", "100%")
-    console.print(mem)
-    console.print(time)
+    console.print(memory_table(result))
+    console.print(time_table(result))
     if other:
         console.print(vs_table(result, other))
     console.print(interval_line(cfg, result))
@@ -391,12 +292,12 @@ def tune(
             + ", ".join(f"{k} {v}" for k, v in outcome.statuses.items())
         )
         if ranked:
-            console.print(_records_table(f"Top layouts ({label} and predicted)",
+            console.print(records_table(f"Top layouts ({label} and predicted)",
                                          ranked[: top_k + 1], label))
             if outcome.refit is not None and outcome.refit.trials:
                 console.print(outcome.refit.table())
             if outcome.scaled is not None:
-                console.print(_scaling_table(outcome.scaled))
+                console.print(scaling_table(outcome.scaled))
             dashboard = ("" if result.storage == "memory"
                          else f"\nopen the study with: optuna-dashboard {result.storage}")
             console.print(
@@ -429,7 +330,7 @@ def scale(
     if as_json:
         print(json.dumps(outcome.result.to_dict(), indent=2, default=str))
     else:
-        console.print(_scaling_table(outcome.result))
+        console.print(scaling_table(outcome.result))
         console.print(f"report: {outcome.reports['report.html']}")
     if not outcome.ok:
         _failed(f"no size of the sweep measured a throughput; see {outcome.reports['report.md']}")

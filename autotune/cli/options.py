@@ -77,8 +77,8 @@ RECIPE = Section(("problem", "recipe"), RecipeSpec,
 JOB = Section(("problem", "job"), JobSpec, skip=("container_mounts",))
 """sbatch.sh's partition, account, time and container image as flags."""
 RUNNER = Section(("runner",), RunnerSettings,
-                 {"name": ("--runner",), "timeout_s": ("--timeout",),
-                  "hang_timeout_s": ("--hang-timeout",), "slurm_opts": ("--slurm-opt",)})
+                 {name: (flag,) for name, flag in RunnerSettings.option_flags().items()})
+"""Every runner's settings (each runner declares its own model; `RunnerSettings` joins them)."""
 TUNE = Section(("tune",), TuneSettings,
                skip=("warm_start", "explore_every", "pruner_tolerance", "render"))
 SCALE = Section(("scale",), ScaleSettings, {"layout": ("--layout", "-l")})

@@ -1,67 +1,82 @@
-"""Memory and step time together: throughput, TFLOP/s per GPU and MFU for layouts."""
+"""Memory and step time together: throughput, TFLOP/s per GPU and MFU for layouts.
+
+`Figures` declares the headline figures once, each with its formula: a new headline figure is
+one field there. `Estimates` (columnar, many layouts) and `Estimate` (one layout) both carry
+them, and `Estimates.row`, `Estimate.to_dict` and `evaluate` iterate the declaration.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
+from typing import Generic
+from typing import TypeVar
+
+import numpy as np
 
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.flops import hardware_flops
 from autotune.costmodel.flops import model_flops
 from autotune.costmodel.memory import MEMORY_PARTS
+from autotune.costmodel.memory import MemoryEstimate
 from autotune.costmodel.memory import estimate_memory
 from autotune.costmodel.step_time import TIME_PARTS
+from autotune.costmodel.step_time import TimeEstimate
 from autotune.costmodel.step_time import estimate_time
 from autotune.costmodel.terms import terms_for
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
 
-
-def evaluate(
-    cfg: AutotuneConfig, table: LayoutTable, k: Constants | None = None
-) -> dict[str, Any]:
-    """Memory parts, time parts and the headline figures of every row of `table` (numpy arrays)."""
-    k = k or constants_for(cfg.cluster.gpu, cfg.train.software_stack)
-    memory = estimate_memory(cfg, table, k)
-    time = estimate_time(cfg, table, k)
-    train = cfg.train
-    vocab = terms_for(cfg).padded_vocab(cfg.model.vocab_size, table.tp)
-    flops = model_flops(cfg.model, train.seq_length, train.global_batch_size, vocab)
-    hw = hardware_flops(
-        cfg.model, train.seq_length, train.global_batch_size, vocab, table.recompute
-    )
-    step = time["total"]
-    world = cfg.world_size
-    peak = cfg.cluster.gpu.peak_tflops[train.precision] * 1e12
-    return {
-        "memory": memory,
-        "time": time,
-        "step_time_s": step,
-        "tokens_per_s": train.tokens_per_step / step,
-        "tflops_per_gpu": flops / step / world / 1e12,
-        "hw_tflops_per_gpu": hw / step / world / 1e12,
-        "mfu": flops / step / world / peak,
-        "hfu": hw / step / world / peak,
-        "peak_memory_bytes": memory["total"],
-        "host_memory_bytes": memory["host"],
-    }
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Estimate:
+class Basis:
+    """What the headline figures are computed from, for the rows of one table."""
+
+    memory: MemoryEstimate
+    time: TimeEstimate
+    tokens: int
+    """Tokens per optimizer step."""
+    model_flops: np.ndarray
+    """Model FLOPs of one step (6·N·D plus attention, no recompute)."""
+    hardware_flops: np.ndarray
+    """FLOPs one step executes, recompute included."""
+    world: int
+    peak_flops: float
+    """Peak FLOP/s of one GPU at the training precision."""
+
+
+def _figure(formula: Callable[[Basis], np.ndarray]) -> Any:
+    return dataclasses.field(metadata={"formula": formula})
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Figures(Generic[T]):
+    """The headline figures of a prediction, each declared with its formula over a `Basis`."""
+
+    step_time_s: T = _figure(lambda b: b.time.total)
+    tokens_per_s: T = _figure(lambda b: b.tokens / b.time.total)
+    tflops_per_gpu: T = _figure(lambda b: b.model_flops / b.time.total / b.world / 1e12)
+    hw_tflops_per_gpu: T = _figure(lambda b: b.hardware_flops / b.time.total / b.world / 1e12)
+    mfu: T = _figure(lambda b: b.model_flops / b.time.total / b.world / b.peak_flops)
+    hfu: T = _figure(lambda b: b.hardware_flops / b.time.total / b.world / b.peak_flops)
+    peak_memory_bytes: T = _figure(lambda b: b.memory.total)
+    host_memory_bytes: T = _figure(lambda b: b.memory.host)
+
+
+FIGURES = tuple(f.name for f in dataclasses.fields(Figures))
+"""Names of the headline figures, in report order."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate(Figures[float]):
     """The analytic prediction for one layout, with both breakdowns."""
 
     layout: Layout
-    step_time_s: float
-    tokens_per_s: float
-    tflops_per_gpu: float
-    hw_tflops_per_gpu: float
-    mfu: float
-    hfu: float
-    peak_memory_bytes: float
-    host_memory_bytes: float
     memory_parts: dict[str, float]
     time_parts: dict[str, float]
 
@@ -70,36 +85,69 @@ class Estimate:
         return {
             "layout": self.layout.to_dict(),
             "layout_text": self.layout.text,
-            "step_time_s": self.step_time_s,
-            "tokens_per_s": self.tokens_per_s,
-            "tflops_per_gpu": self.tflops_per_gpu,
-            "hw_tflops_per_gpu": self.hw_tflops_per_gpu,
-            "mfu": self.mfu,
-            "hfu": self.hfu,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "host_memory_bytes": self.host_memory_bytes,
+            **{name: getattr(self, name) for name in FIGURES},
             "memory": {"parts": self.memory_parts, "total": self.peak_memory_bytes},
             "time": {"parts": self.time_parts, "total": self.step_time_s},
         }
 
 
-def row_estimate(layout: Layout, values: dict[str, Any], i: int) -> Estimate:
-    """Row i of `evaluate`'s arrays as an Estimate."""
-    return Estimate(
-        layout=layout,
-        step_time_s=float(values["step_time_s"][i]),
-        tokens_per_s=float(values["tokens_per_s"][i]),
-        tflops_per_gpu=float(values["tflops_per_gpu"][i]),
-        hw_tflops_per_gpu=float(values["hw_tflops_per_gpu"][i]),
-        mfu=float(values["mfu"][i]),
-        hfu=float(values["hfu"][i]),
-        peak_memory_bytes=float(values["peak_memory_bytes"][i]),
-        host_memory_bytes=float(values["host_memory_bytes"][i]),
-        memory_parts={name: float(values["memory"][name][i]) for name in MEMORY_PARTS},
-        time_parts={name: float(values["time"][name][i]) for name in TIME_PARTS},
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Estimates(Figures[np.ndarray]):
+    """The analytic prediction for every row of `table` (columns, like `LayoutTable`)."""
+
+    table: LayoutTable
+    memory: MemoryEstimate
+    time: TimeEstimate
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def row(self, i: int) -> Estimate:
+        """Row i as an Estimate."""
+        return Estimate(
+            layout=self.table.row(i),
+            memory_parts={name: float(self.memory.parts[name][i]) for name in MEMORY_PARTS},
+            time_parts={name: float(self.time.parts[name][i]) for name in TIME_PARTS},
+            **{name: float(getattr(self, name)[i]) for name in FIGURES},
+        )
+
+    def take(self, index: np.ndarray) -> Estimates:
+        """The rows selected by `index` (an index or boolean mask array)."""
+        taken: Estimates = _take(self, index)
+        return taken
+
+
+def _take(value: Any, index: np.ndarray) -> Any:
+    """`value` with every array in it indexed by `index` (dataclasses and dicts recursively)."""
+    if isinstance(value, LayoutTable):
+        return value.take(index)
+    if isinstance(value, dict):
+        return {name: _take(v, index) for name, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _take(getattr(value, f.name), index)
+                                             for f in dataclasses.fields(value)})
+    return value[index]
+
+
+def evaluate(cfg: AutotuneConfig, table: LayoutTable, k: Constants | None = None) -> Estimates:
+    """Memory parts, time parts and the headline figures of every row of `table`."""
+    k = k or constants_for(cfg.cluster.gpu, cfg.train.software_stack)
+    train = cfg.train
+    vocab = terms_for(cfg).padded_vocab(cfg.model.vocab_size, table.tp)
+    basis = Basis(
+        memory=estimate_memory(cfg, table, k),
+        time=estimate_time(cfg, table, k),
+        tokens=train.tokens_per_step,
+        model_flops=model_flops(cfg.model, train.seq_length, train.global_batch_size, vocab),
+        hardware_flops=hardware_flops(
+            cfg.model, train.seq_length, train.global_batch_size, vocab, table.recompute),
+        world=cfg.world_size,
+        peak_flops=cfg.cluster.gpu.peak_tflops[train.precision] * 1e12,
     )
+    figures = {f.name: f.metadata["formula"](basis) for f in dataclasses.fields(Figures)}
+    return Estimates(table=table, memory=basis.memory, time=basis.time, **figures)
 
 
 def estimate(cfg: AutotuneConfig, layout: Layout, k: Constants | None = None) -> Estimate:
     """Predicted memory and step time of one layout."""
-    return row_estimate(layout, evaluate(cfg, LayoutTable.from_layouts([layout]), k), 0)
+    return evaluate(cfg, LayoutTable.from_layouts([layout]), k).row(0)

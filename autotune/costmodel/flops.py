@@ -23,33 +23,29 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.specs import ModelSpec
+from autotune.specs.params import Projection
+from autotune.specs.params import projections
+
+
+def _matmul(parts: tuple[Projection, ...]) -> int:
+    """Multiply-adds of `parts` per token."""
+    return sum(p.inputs * p.outputs for p in parts)
 
 
 def attention_linear_flops_per_token(model: ModelSpec) -> int:
-    """Attention projection FLOPs (forward + backward) per layer and token."""
-    h, heads = model.hidden_size, model.num_attention_heads
-    if model.multi_latent_attention:
-        nope, rope = model.qk_head_dim or 0, model.qk_pos_emb_head_dim or 0
-        v, kv_rank = model.v_head_dim or 0, model.kv_lora_rank or 0
-        if model.q_lora_rank is None:
-            query = h * heads * (nope + rope)
-        else:
-            query = model.q_lora_rank * (h + heads * (nope + rope) + 1)
-        key_value = kv_rank * (h + heads * (nope + v) + 1) + h * rope
-        return 6 * (query + key_value + heads * v * h)
-    q, kv = model.head_dim * heads, model.head_dim * model.query_groups
-    return 6 * (h * (q + 2 * kv) + q * h)
+    """Attention projection FLOPs (forward + backward) per layer and token (Megatron counts one
+    FLOP per latent-norm element of multi-latent attention too)."""
+    shapes = projections(model)
+    return 6 * (_matmul(shapes.attention) + shapes.latent_ranks)
 
 
 def mlp_flops_per_token(model: ModelSpec, moe: bool) -> int:
     """MLP FLOPs (forward + backward) per token of one dense or one MoE layer: a MoE layer
     counts its top-k routed experts and its shared experts, not the router."""
-    matrices = 3 if model.gated else 2
+    shapes = projections(model)
     if not moe:
-        return 6 * model.hidden_size * matrices * model.ffn
-    width = model.moe_ffn * model.moe_router_topk + (model.moe_shared_expert_intermediate_size
-                                                     or 0)
-    return 6 * model.hidden_size * matrices * width
+        return 6 * _matmul(shapes.mlp)
+    return 6 * (model.moe_router_topk * _matmul(shapes.expert) + _matmul(shapes.shared_experts))
 
 
 def dense_flops_per_token_per_layer(model: ModelSpec) -> float:

@@ -41,7 +41,8 @@ from autotune.costmodel.constants import Constants
 from autotune.costmodel.flops import attention_flops_per_token_per_layer
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
-from autotune.specs import ModelSpec
+from autotune.specs.params import Projection
+from autotune.specs.params import projections
 
 SCORE_BYTES_FORWARD = 13
 """Unfused attention, bytes per score element forward: write scores (2), fused scale-mask-
@@ -72,34 +73,12 @@ class Gemm:
     slow: Any = 1.0
 
 
-def _attention_gemms(model: ModelSpec, n: Any, tp: np.ndarray) -> list[Gemm]:
-    """QKV (or multi-latent down/up projections) and the output projection."""
-    h, ones = model.hidden_size, np.ones_like(tp, dtype=float)
-    heads = model.num_attention_heads
-    if model.multi_latent_attention:
-        # megatron-core MLASelfAttention: down projections replicated, up projections and the
-        # output projection split by tp
-        nope, rope = model.qk_head_dim or 0, model.qk_pos_emb_head_dim or 0
-        v, kv_rank = model.v_head_dim or 0, model.kv_lora_rank or 0
-        gemms = [Gemm(n, (kv_rank + rope) * ones, h * ones),
-                 Gemm(n, heads * (nope + v) / tp, kv_rank * ones, column=True)]
-        if model.q_lora_rank is None:
-            gemms.append(Gemm(n, heads * (nope + rope) / tp, h * ones, column=True))
-        else:
-            rank = model.q_lora_rank
-            gemms += [Gemm(n, rank * ones, h * ones),
-                      Gemm(n, heads * (nope + rope) / tp, rank * ones, column=True)]
-        return [*gemms, Gemm(n, h * ones, heads * v / tp)]
-    d = model.head_dim
-    q, kv = d * heads, d * model.query_groups
-    return [Gemm(n, (q + 2 * kv) / tp, h * ones, column=True), Gemm(n, h * ones, q / tp)]
-
-
-def _mlp_gemms(model: ModelSpec, n: Any, tp: np.ndarray, width: int) -> list[Gemm]:
-    """A tensor-parallel (gated) MLP h → width → h on n tokens."""
-    h, ones = model.hidden_size, np.ones_like(tp, dtype=float)
-    up = width * (2 if model.gated else 1)
-    return [Gemm(n, up / tp, h * ones, column=True), Gemm(n, h * ones, width / tp)]
+def _tp_gemms(parts: tuple[Projection, ...], n: Any, tp: np.ndarray) -> list[Gemm]:
+    """The GEMMs of `parts` on n tokens of one GPU, each split by tp on its split side."""
+    ones = np.ones_like(tp, dtype=float)
+    return [Gemm(n, p.outputs / tp if p.split == "outputs" else p.outputs * ones,
+                 p.inputs / tp if p.split == "inputs" else p.inputs * ones,
+                 column=p.split == "outputs") for p in parts]
 
 
 def routed_tokens(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
@@ -126,20 +105,20 @@ def layer_gemms(cfg: AutotuneConfig, t: LayoutTable, k: Constants, moe: bool) ->
     """
     m = cfg.model
     n = t.mbs * cfg.train.seq_length / t.cp  # tokens of this GPU (all enter every tp GEMM)
-    gemms = _attention_gemms(m, n, t.tp)
+    shapes = projections(m)
+    gemms = _tp_gemms(shapes.attention, n, t.tp)
     if not moe:
-        return gemms + _mlp_gemms(m, n, t.tp, m.ffn)
-    if m.moe_shared_expert_intermediate_size:
-        gemms += _mlp_gemms(m, n, t.tp, m.moe_shared_expert_intermediate_size)
+        return gemms + _tp_gemms(shapes.mlp, n, t.tp)
+    gemms += _tp_gemms(shapes.shared_experts, n, t.tp)
     experts = m.num_experts or 1
     h, ones = m.hidden_size, np.ones_like(t.tp, dtype=float)
     gemms.append(Gemm(n / t.tp, experts * ones, h * ones, fp8=False))
     per_expert = routed_tokens(cfg, t) * t.ep / experts
     local = experts / t.ep
-    up = m.moe_ffn * (2 if m.gated else 1)
+    up, down = shapes.expert  # split by etp
     slow = k.moe_load_imbalance
-    return gemms + [Gemm(per_expert, up / t.etp, h * ones, local, slow=slow),
-                    Gemm(per_expert, h * ones, m.moe_ffn / t.etp, local, slow=slow)]
+    return gemms + [Gemm(per_expert, up.outputs / t.etp, up.inputs * ones, local, slow=slow),
+                    Gemm(per_expert, down.outputs * ones, down.inputs / t.etp, local, slow=slow)]
 
 
 def gemm_efficiency(m: Any, n: Any, kk: Any, k: Constants, fp8: bool = False) -> Any:

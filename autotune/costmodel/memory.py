@@ -42,6 +42,21 @@ MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "b
 """Named parts of the per-GPU memory estimate, in report order."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    """Per-GPU peak memory of many layouts (bytes, one entry per row): the parts on the most
+    loaded rank, their sum and the offloaded host bytes."""
+
+    parts: dict[str, np.ndarray]
+    """One array per name of MEMORY_PARTS."""
+    total: np.ndarray
+    """The sum of the parts: the peak of the most loaded rank."""
+    host: np.ndarray
+    """Offloaded states held in one node's host memory."""
+    stage: np.ndarray
+    """Which stage was the most loaded: 0 first, 1 middle, 2 last."""
+
+
 def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
                            moe: bool = False) -> np.ndarray:
     """Bytes one dense (or MoE) layer stores for backward, for one micro-batch, without full
@@ -122,12 +137,8 @@ def _stages(cfg: AutotuneConfig, t: LayoutTable) -> list[_Stage]:
     ]
 
 
-def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str, np.ndarray]:
-    """Per-GPU peak memory parts (bytes) on the most loaded rank, plus `host` bytes per node.
-
-    Returns arrays for MEMORY_PARTS, `total` (their sum), `host` (offloaded states on one node)
-    and `stage` (0 first, 1 middle, 2 last: which stage was the most loaded).
-    """
+def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> MemoryEstimate:
+    """Per-GPU peak memory parts (bytes) on the most loaded rank, plus `host` bytes per node."""
     m = cfg.model
     share = m.moe_layer_share
     per_layer = layer_activation_bytes(cfg, t, k)
@@ -174,12 +185,13 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[s
         candidates.append((np.where(present, total, -1.0), parts, states["host"]))
     totals = np.stack([c[0] for c in candidates])
     worst = np.argmax(totals, axis=0)
-    out = {name: np.choose(worst, [c[1][name] for c in candidates]) for name in MEMORY_PARTS}
-    out["total"] = np.max(totals, axis=0)
     host_per_gpu = np.max(np.stack([c[2] for c in candidates]), axis=0)
-    out["host"] = host_per_gpu * cfg.cluster.gpus_per_node
-    out["stage"] = worst
-    return out
+    return MemoryEstimate(
+        parts={name: np.choose(worst, [c[1][name] for c in candidates]) for name in MEMORY_PARTS},
+        total=np.max(totals, axis=0),
+        host=host_per_gpu * cfg.cluster.gpus_per_node,
+        stage=worst,
+    )
 
 
 def usable_gpu_bytes(cfg: AutotuneConfig, k: Constants) -> float:

@@ -36,6 +36,8 @@ Overlapped communication still costs (1 − overlap_fraction) of its time (`expo
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from autotune.costmodel.collectives import Kind
@@ -72,6 +74,20 @@ TIME_PARTS = (
 )
 """Named parts of the predicted step time, in report order (`ep_comm` last: it is 0 for dense
 models, and the parts before it keep their report colours)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TimeEstimate:
+    """Predicted step time of many layouts (one entry per row): the parts and their sum."""
+
+    parts: dict[str, np.ndarray]
+    """Seconds per step, one array per name of TIME_PARTS."""
+    total: np.ndarray
+    """The sum of the parts: the step time (s)."""
+    microbatch_s: np.ndarray
+    """One micro-batch on the slowest stage (s)."""
+    flops: np.ndarray
+    """FLOPs all GPUs execute in one step, recompute included."""
 
 OPTIMIZER_BYTES_PER_PARAM = 38
 """Adam step on the GPU, bytes per parameter: read fp32 master, m, v and gradient (16), write
@@ -201,9 +217,8 @@ def _dp_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarray,
     return np.where((ranks > 1) & (t.zero < 3), dp, 0.0)
 
 
-def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str, np.ndarray]:
-    """Step-time parts (s) and `total`, plus `microbatch_s` (one micro-batch, slowest stage) and
-    `flops` (FLOPs all GPUs execute in one step, recompute included)."""
+def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> TimeEstimate:
+    """Step-time parts (s) of many layouts, their sum, one micro-batch's time and the FLOPs."""
     m, train, c = cfg.model, cfg.train, cfg.cluster
     gpn = c.gpus_per_node
     framework = terms_for(cfg)
@@ -299,8 +314,10 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> dict[str
         "optimizer": optimizer,
         "ep_comm": micro * ep_mb,
     }
-    parts["total"] = sum(parts[name] for name in TIME_PARTS)
-    parts["microbatch_s"] = microbatch
     replica = micro * (m.num_layers * layer.flops + head_flops)  # every split places all layers
-    parts["flops"] = replica * t.tp * t.cp * t.dp
-    return parts
+    return TimeEstimate(
+        parts=parts,
+        total=sum(parts[name] for name in TIME_PARTS),
+        microbatch_s=microbatch,
+        flops=replica * t.tp * t.cp * t.dp,
+    )

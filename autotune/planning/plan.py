@@ -31,7 +31,6 @@ from autotune.costmodel.constants import Constants
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.estimate import estimate
-from autotune.costmodel.estimate import row_estimate
 from autotune.scaling import BOUND_BELOW
 from autotune.scaling import FINE_AT
 from autotune.scaling import efficiency_losses
@@ -256,7 +255,7 @@ def plan_point(
                          rule=ranked[0][1] if ranked else "",
                          reason=f"no layout of {found.total:,} candidates fits; removed by "
                                 f"{listed}")
-    best = row_estimate(found.feasible.row(0), found.values, 0)
+    best = found.estimates.row(0)
     band = interval(cfg, best)
     price = sizes.price_per_gpu_hour
     figures = _span(tokens, best.tokens_per_s, gpus, price)

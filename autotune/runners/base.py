@@ -7,7 +7,13 @@ import dataclasses
 from collections.abc import Callable
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated
 from typing import Any
+from typing import ClassVar
+
+from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic import Field
 
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import FRAMEWORKS
@@ -16,6 +22,9 @@ from autotune.frameworks import get_framework
 from autotune.layout import Layout
 from autotune.measurement import Measurement
 from autotune.specs import AutotuneConfig
+from autotune.specs import FiniteFloat
+from autotune.specs import Integer
+from autotune.specs import at_most
 
 Reporter = Callable[[int, float], bool]
 """report(step, tokens_per_s) -> True when the trial should stop (pruned)."""
@@ -37,6 +46,52 @@ class TrialPlan:
     """The trial's user attributes when it started (a retry carries its predecessor's)."""
     note: Noter = lambda key, value: None
     """Store a value on the trial now, e.g. a job id that a retry of the trial can re-attach to."""
+
+Seconds = Annotated[FiniteFloat, Field(gt=0), at_most(30 * 86400, "30 days")]
+"""A duration in seconds."""
+
+
+class RunnerOptions(BaseModel):
+    """The settings one runner reads (declared next to the runner, as torchtitan keeps each
+    component's `Config` beside it): `RunnerSettings` composes them, and the CLI, run.json and
+    the factory iterate their fields, so a new runner option is one field of its runner's model.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    flags: ClassVar[dict[str, str]] = {}
+    """Command-line spellings that are not the field name with dashes."""
+
+
+class TrialOptions(RunnerOptions):
+    """Settings of every runner that starts a trial program."""
+
+    timeout_s: Seconds = 3600.0
+    """Wall-clock limit of one trial or sweep point (command, local, slurm)."""
+    flags: ClassVar[dict[str, str]] = {"timeout_s": "--timeout"}
+
+
+class ProgramOptions(TrialOptions):
+    """Settings of the runners that run the trial program themselves and read its steps."""
+
+    steps: Annotated[
+        Integer, Field(ge=1), at_most(100_000, "a trial measures steps, it does not train")
+    ] = 6
+    """local, slurm: optimizer steps per trial, warm-up included."""
+    hang_timeout_s: Seconds = 300.0
+    """local: seconds without a new step before a trial counts as hung."""
+    megatron_lm: str | None = None
+    """local: a Megatron-LM checkout whose pretrain_gpt.py runs the trials."""
+    flags: ClassVar[dict[str, str]] = {**TrialOptions.flags, "hang_timeout_s": "--hang-timeout"}
+
+    def warmup(self) -> int:
+        """Warm-up steps: 2, or one fewer than the steps.
+
+        Raises:
+            AutotuneError: fewer than 2 steps leave none measured.
+        """
+        if self.steps < 2:
+            raise AutotuneError(f"--steps: {self.steps} leaves no step after warm-up; use >= 2")
+        return min(2, self.steps - 1)
 
 
 def run_guarded(runner: Runner, plan: TrialPlan) -> Measurement:

@@ -20,6 +20,7 @@ from autotune.frameworks import framework_of
 from autotune.measurement import Measurement
 from autotune.measurement import validated
 from autotune.runners.base import Runner
+from autotune.runners.base import TrialOptions
 from autotune.runners.base import TrialPlan
 from autotune.runners.process import run_process
 from autotune.specs import AutotuneConfig
@@ -76,11 +77,30 @@ def measurement_from_metrics(plan: TrialPlan, metrics: dict[str, Any]) -> Measur
     return validated(figures)
 
 
+class CommandSettings(TrialOptions):
+    """What the command runner reads."""
+
+    command: str | None = None
+    """command: the command template (placeholders {layout_json}, {trial_dir}, ...)."""
+
+
 class CommandRunner(Runner):
     """Runs a user command per trial and reads its JSON metrics."""
 
     name = "command"
     needs_artifacts = True
+
+    @classmethod
+    def from_settings(cls, settings: CommandSettings, resume: bool = False) -> CommandRunner:
+        """The runner `settings` describe.
+
+        Raises:
+            AutotuneError: no command template.
+        """
+        if not settings.command:
+            raise AutotuneError("--runner command needs --command 'TEMPLATE' (placeholders: "
+                                "{layout_json} {ds_config} {megatron_script} {trial_dir} ...)")
+        return cls(settings.command, timeout_s=settings.timeout_s)
 
     def __init__(self, template: str, timeout_s: float = 3600.0) -> None:
         if not _PLACEHOLDER.search(template):

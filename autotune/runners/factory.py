@@ -1,36 +1,57 @@
-"""The runner settings (what the CLI's runner flags say) and the runner they build."""
+"""The runner settings (what the CLI's runner flags say) and the runner they build.
+
+Each runner declares the settings it reads next to itself (`SimulateSettings` in
+`runners/simulate.py`, ...); `RunnerSettings` composes them with the runner's name, and
+`make_runner`, `RunnerSettings.recorded` and the CLI's runner options iterate `RUNNER_TYPES`.
+A new runner option is one field of its runner's settings model.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 from typing import Any
+from typing import NamedTuple
 
 from pydantic import AfterValidator
-from pydantic import BaseModel
-from pydantic import ConfigDict
-from pydantic import Field
 
 from autotune.exceptions import AutotuneError
 from autotune.exceptions import shorten
 from autotune.runners.base import Runner
-from autotune.specs import FiniteFloat
-from autotune.specs import Integer
-from autotune.specs import Seed
-from autotune.specs import at_most
+from autotune.runners.base import RunnerOptions
+from autotune.runners.command import CommandRunner
+from autotune.runners.command import CommandSettings
+from autotune.runners.local import LocalRunner
+from autotune.runners.local import LocalSettings
+from autotune.runners.simulate import SimulateRunner
+from autotune.runners.simulate import SimulateSettings
+from autotune.runners.slurm import SlurmRunner
+from autotune.runners.slurm import SlurmSettings
 
-RUNNERS = ("simulate", "command", "local", "slurm")
+
+class RunnerType(NamedTuple):
+    """A runner's settings model and what builds the runner from them."""
+
+    settings: type[RunnerOptions]
+    build: Callable[[Any, bool], Runner]
+    """`from_settings(settings, resume)` of the runner's class."""
+
+
+RUNNER_TYPES = {
+    "simulate": RunnerType(SimulateSettings, SimulateRunner.from_settings),
+    "command": RunnerType(CommandSettings, CommandRunner.from_settings),
+    "local": RunnerType(LocalSettings, LocalRunner.from_settings),
+    "slurm": RunnerType(SlurmSettings, SlurmRunner.from_settings),
+}
+"""Each runner by name, in `--runner` order."""
+RUNNERS = tuple(RUNNER_TYPES)
+"""Runner names, as `--runner` takes them."""
 
 
 def figure_label(runner: str | None) -> str:
     """What a runner's figures are: "simulated" for the simulate runner (the analytic model,
     perturbed), else "measured"."""
     return "simulated" if runner == "simulate" else "measured"
-"""Runner names, as `--runner` takes them."""
-
-
-_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-Seconds = Annotated[FiniteFloat, Field(gt=0), at_most(30 * 86400, "30 days")]
-"""A duration in seconds."""
 
 
 def _known_runner(name: str) -> str:
@@ -39,100 +60,43 @@ def _known_runner(name: str) -> str:
     return name
 
 
-class RunnerSettings(BaseModel):
-    """The runner that measures trials, and its options (each runner reads its own)."""
-
-    model_config = _CONFIG
-
+class _Named(RunnerOptions):
     name: Annotated[str, AfterValidator(_known_runner)] = "simulate"
     """simulate, command, local or slurm."""
-    timeout_s: Seconds = 3600.0
-    """Wall-clock limit of one trial or sweep point (command, local, slurm)."""
-    noise: Annotated[
-        FiniteFloat, Field(ge=0), at_most(1.0, "a log-normal sigma of 1 already varies 2.7x")
-    ] = 0.0
-    """simulate: sigma of the log-normal perturbation of the model's constants."""
-    seed: Seed = 0
-    """simulate: seed of the perturbation."""
-    command: str | None = None
-    """command: the command template (placeholders {layout_json}, {trial_dir}, ...)."""
-    steps: Annotated[
-        Integer, Field(ge=1), at_most(100_000, "a trial measures steps, it does not train")
-    ] = 6
-    """local, slurm: optimizer steps per trial, warm-up included."""
-    hang_timeout_s: Seconds = 300.0
-    """local: seconds without a new step before a trial counts as hung."""
-    launcher: str = "torchrun"
-    """local: the launcher of trial processes, torchrun or deepspeed."""
-    megatron_lm: str | None = None
-    """local: a Megatron-LM checkout whose pretrain_gpt.py runs the trials."""
-    partition: str | None = None
-    """slurm: partition of the trial jobs."""
-    account: str | None = None
-    """slurm: account charged for the trial jobs."""
-    time_limit: str | None = None
-    """slurm: Slurm --time of each trial job (default: the timeout plus 5 minutes)."""
-    slurm_opts: tuple[str, ...] = ()
-    """slurm: more sbatch options, KEY=VAL or KEY."""
+
+
+class RunnerSettings(SlurmSettings, LocalSettings, CommandSettings, SimulateSettings, _Named):
+    """The runner that measures trials, and its options: every runner's settings model in one
+    (each runner reads its own fields)."""
+
+    @classmethod
+    def option_flags(cls) -> dict[str, str]:
+        """Command-line spellings of the fields that are not the field name with dashes."""
+        flags = {"name": "--runner"}
+        for kind in RUNNER_TYPES.values():
+            flags.update(kind.settings.flags)
+        return flags
 
     def build(self, resume: bool = False) -> Runner:
         """The runner (`resume`: a Slurm runner re-attaches to jobs still running)."""
         return make_runner(self, resume=resume)
 
-    def explicit_slurm(self) -> dict[str, object]:
-        """The slurm-only settings the user gave."""
-        values = {"partition": self.partition, "account": self.account,
-                  "time_limit": self.time_limit, "slurm_opt": list(self.slurm_opts)}
-        return {k: v for k, v in values.items() if v}
-
     def recorded(self) -> dict[str, Any]:
         """The settings of this runner worth keeping in run.json."""
-        keep = {
-            "simulate": ("noise", "seed"),
-            "command": ("command", "timeout_s"),
-            "local": ("steps", "launcher", "megatron_lm", "timeout_s", "hang_timeout_s"),
-            "slurm": ("steps", "partition", "account", "time_limit", "slurm_opts", "timeout_s"),
-        }[self.name]
+        keep = RUNNER_TYPES[self.name].settings.model_fields
         values = self.model_dump(include=set(keep), mode="json")
         return {k: v for k, v in values.items() if v not in (None, [], ())}
 
 
 def make_runner(options: RunnerSettings, resume: bool = False) -> Runner:
     """The runner `options.name`, configured from `options` (`resume`: re-attach to live
-    Slurm jobs)."""
+    Slurm jobs).
+
+    Raises:
+        AutotuneError: a Slurm-only setting for another runner, or a runner's own check.
+    """
     name = options.name
-    slurm = options.explicit_slurm()
+    slurm = options.given()
     if slurm and name != "slurm":
-        flags = ", ".join("--" + k.replace("_", "-") for k in slurm)
-        raise AutotuneError(f"{flags}: only for --runner slurm (got --runner {name})")
-    if name in ("local", "slurm") and options.steps < 2:
-        raise AutotuneError(f"--steps: {options.steps} leaves no step after warm-up; use >= 2")
-    warmup = min(2, options.steps - 1)
-    if name == "simulate":
-        from autotune.runners.simulate import SimulateRunner
-
-        return SimulateRunner(noise=options.noise, seed=options.seed)
-    if name == "command":
-        from autotune.runners.command import CommandRunner
-
-        if not options.command:
-            raise AutotuneError("--runner command needs --command 'TEMPLATE' (placeholders: "
-                                "{layout_json} {ds_config} {megatron_script} {trial_dir} ...)")
-        return CommandRunner(options.command, timeout_s=options.timeout_s)
-    if name == "local":
-        from autotune.runners.local import LocalRunner
-
-        return LocalRunner(steps=options.steps, warmup=warmup,
-                           timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
-                           launcher=options.launcher, megatron_lm=options.megatron_lm)
-    if name == "slurm":
-        from autotune.runners.slurm import SlurmRunner
-        from autotune.runners.slurm_client import parse_slurm_opts
-
-        return SlurmRunner(partition=options.partition, account=options.account,
-                           time_limit=options.time_limit,
-                           options=parse_slurm_opts(options.slurm_opts),
-                           timeout_s=options.timeout_s, hang_timeout_s=options.hang_timeout_s,
-                           steps=options.steps, warmup=warmup,
-                           megatron_lm=options.megatron_lm, reattach=resume)
-    raise AutotuneError(f"--runner: {name!r} must be one of {', '.join(RUNNERS)}")
+        raise AutotuneError(f"{', '.join(slurm)}: only for --runner slurm (got --runner {name})")
+    return RUNNER_TYPES[name].build(options, resume)

@@ -30,6 +30,7 @@ from typing import Any
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
 from autotune.measurement import Measurement
+from autotune.runners.base import ProgramOptions
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.base import check_program
@@ -54,6 +55,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+class LocalSettings(ProgramOptions):
+    """What the local runner reads."""
+
+    launcher: str = "torchrun"
+    """local: the launcher of trial processes, torchrun or deepspeed."""
+
+
 class LocalRunner(Runner):
     """Runs each trial for real on this machine and measures it (see the module docstring).
 
@@ -76,6 +84,13 @@ class LocalRunner(Runner):
 
     name = "local"
     needs_artifacts = True
+
+    @classmethod
+    def from_settings(cls, settings: LocalSettings, resume: bool = False) -> LocalRunner:
+        """The runner `settings` describe (`resume` changes nothing here)."""
+        return cls(steps=settings.steps, warmup=settings.warmup(),
+                   timeout_s=settings.timeout_s, hang_timeout_s=settings.hang_timeout_s,
+                   launcher=settings.launcher, megatron_lm=settings.megatron_lm)
 
     def __init__(
         self,

@@ -8,8 +8,10 @@ further seeded per-layout jitter (σ = noise / 4). The same seed gives the same 
 from __future__ import annotations
 
 import hashlib
+from typing import Annotated
 
 import numpy as np
+from pydantic import Field
 
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.constants import constants_for
@@ -20,8 +22,12 @@ from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.measurement import Measurement
 from autotune.runners.base import Runner
+from autotune.runners.base import RunnerOptions
 from autotune.runners.base import TrialPlan
 from autotune.specs import AutotuneConfig
+from autotune.specs import FiniteFloat
+from autotune.specs import Seed
+from autotune.specs import at_most
 from autotune.units import GIB
 
 _PERTURBED = ("gemm_efficiency", "comm_efficiency", "hbm_efficiency", "overlap_fraction")
@@ -49,10 +55,26 @@ def layout_jitter(layout: Layout, noise: float, seed: int) -> float:
     return float(np.exp(rng.normal(0.0, noise / 4)))
 
 
+class SimulateSettings(RunnerOptions):
+    """What the simulate runner reads."""
+
+    noise: Annotated[
+        FiniteFloat, Field(ge=0), at_most(1.0, "a log-normal sigma of 1 already varies 2.7x")
+    ] = 0.0
+    """simulate: sigma of the log-normal perturbation of the model's constants."""
+    seed: Seed = 0
+    """simulate: seed of the perturbation."""
+
+
 class SimulateRunner(Runner):
     """Measures nothing real: returns the (perturbed) model's figures at once."""
 
     name = "simulate"
+
+    @classmethod
+    def from_settings(cls, settings: SimulateSettings, resume: bool = False) -> SimulateRunner:
+        """The runner `settings` describe (`resume` changes nothing here)."""
+        return cls(noise=settings.noise, seed=settings.seed)
 
     def __init__(self, noise: float = 0.0, seed: int = 0, hidden_memory_gib: float = 0.0) -> None:
         self.noise = noise
@@ -79,21 +101,21 @@ class SimulateRunner(Runner):
         cfg, layout = plan.cfg, plan.layout
         k = self.truth_constants(cfg)
         values = evaluate(cfg, LayoutTable.from_layouts([layout]), k)
-        peak = float(values["peak_memory_bytes"][0]) + self.hidden_memory_gib * GIB
+        peak = float(values.peak_memory_bytes[0]) + self.hidden_memory_gib * GIB
         if peak > usable_gpu_bytes(cfg, k):
             return Measurement(
                 "oom", peak_memory_bytes=peak, reason="simulated peak memory exceeds the GPU"
             )
         factor = layout_jitter(layout, self.noise, self.seed)
-        step = float(values["step_time_s"][0]) * factor
+        step = float(values.step_time_s[0]) * factor
         if plan.report(1, cfg.train.tokens_per_step / step):
             return Measurement("pruned", reason="stopped by the pruner")
         return Measurement(
             "ok",
             step_time_s=step,
             tokens_per_s=cfg.train.tokens_per_step / step,
-            tflops_per_gpu=float(values["tflops_per_gpu"][0]) / factor,
-            mfu=float(values["mfu"][0]) / factor,
+            tflops_per_gpu=float(values.tflops_per_gpu[0]) / factor,
+            mfu=float(values.mfu[0]) / factor,
             peak_memory_bytes=peak,
             step_time_spread=0.0,
         )

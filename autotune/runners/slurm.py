@@ -41,10 +41,12 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from typing import ClassVar
 
 from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
 from autotune.measurement import Measurement
+from autotune.runners.base import ProgramOptions
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.base import check_program
@@ -56,6 +58,7 @@ from autotune.runners.slurm_client import QueuePoller
 from autotune.runners.slurm_client import SlurmError
 from autotune.runners.slurm_client import cancel
 from autotune.runners.slurm_client import job_info
+from autotune.runners.slurm_client import parse_slurm_opts
 from autotune.runners.slurm_client import partition_has_gpus
 from autotune.runners.slurm_client import queue_states
 from autotune.runners.slurm_client import sbatch_directives
@@ -147,6 +150,26 @@ class _Job:
         return progress
 
 
+class SlurmSettings(ProgramOptions):
+    """What the Slurm runner reads."""
+
+    partition: str | None = None
+    """slurm: partition of the trial jobs."""
+    account: str | None = None
+    """slurm: account charged for the trial jobs."""
+    time_limit: str | None = None
+    """slurm: Slurm --time of each trial job (default: the timeout plus 5 minutes)."""
+    slurm_opts: tuple[str, ...] = ()
+    """slurm: more sbatch options, KEY=VAL or KEY."""
+    flags: ClassVar[dict[str, str]] = {**ProgramOptions.flags, "slurm_opts": "--slurm-opt"}
+
+    def given(self) -> list[str]:
+        """The flags of the Slurm-only settings that are set (the shared ones aside)."""
+        return [self.flags.get(name, "--" + name.replace("_", "-"))
+                for name in SlurmSettings.model_fields
+                if name not in ProgramOptions.model_fields and getattr(self, name)]
+
+
 class SlurmRunner(Runner):
     """Runs each trial as an sbatch job on a Slurm cluster (see the module docstring).
 
@@ -181,6 +204,15 @@ class SlurmRunner(Runner):
 
     name = "slurm"
     needs_artifacts = True
+
+    @classmethod
+    def from_settings(cls, settings: SlurmSettings, resume: bool = False) -> SlurmRunner:
+        """The runner `settings` describe (`resume`: re-attach to jobs still running)."""
+        return cls(partition=settings.partition, account=settings.account,
+                   time_limit=settings.time_limit, options=parse_slurm_opts(settings.slurm_opts),
+                   timeout_s=settings.timeout_s, hang_timeout_s=settings.hang_timeout_s,
+                   steps=settings.steps, warmup=settings.warmup(),
+                   megatron_lm=settings.megatron_lm, reattach=resume)
 
     def __init__(
         self,

@@ -29,13 +29,13 @@ reported as the fitted offset.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 from scipy.special import log_ndtr
 from scipy.special import ndtr
 
 from autotune.costmodel.constants import Constants
+from autotune.costmodel.memory import MemoryEstimate
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.specs import AutotuneConfig
 from autotune.units import GIB
@@ -76,14 +76,13 @@ class MemoryParts:
     family: np.ndarray
 
     @classmethod
-    def from_values(cls, values: dict[str, Any], recompute: np.ndarray) -> MemoryParts:
-        """From `autotune.costmodel.estimate.evaluate`'s output for a table with `recompute`
-        codes."""
-        memory = values["memory"]
-        fixed = memory["weights"] + memory["gradients"] + memory["optimizer"] + memory["buffers"]
+    def from_memory(cls, memory: MemoryEstimate, recompute: np.ndarray) -> MemoryParts:
+        """From the memory estimate of a table with `recompute` codes."""
+        part = memory.parts
+        fixed = part["weights"] + part["gradients"] + part["optimizer"] + part["buffers"]
         return cls(
             np.asarray(fixed, float),
-            np.asarray(memory["activations"] + memory["logits"], float),
+            np.asarray(part["activations"] + part["logits"], float),
             np.asarray(recompute, int),
         )
 

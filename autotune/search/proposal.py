@@ -204,9 +204,9 @@ class Proposer:
         self.grid = grid_keys(feasible)
         self.x = features(feasible)
         values = evaluate(cfg, feasible, constants)
-        self.parts = MemoryParts.from_values(values, feasible.recompute)
+        self.parts = MemoryParts.from_memory(values.memory, feasible.recompute)
         self._fit_cache: tuple[int, Constants, np.ndarray] = (
-            0, constants, term_seconds(values["time"])
+            0, constants, term_seconds(values.time.parts)
         )
         self._memory_cache: tuple[Any, MemoryFit, np.ndarray] = (None, self.memory([]),
                                                                   np.zeros(0))
@@ -221,7 +221,7 @@ class Proposer:
             if ok:
                 k = fit_trials(self.cfg, [o.layout for o in ok],
                                [float(o.step_time_s or 0.0) for o in ok], self.base)
-            terms = term_seconds(evaluate(self.cfg, self.feasible, k)["time"])
+            terms = term_seconds(evaluate(self.cfg, self.feasible, k).time.parts)
             self._fit_cache = (len(ok), k, terms)
         return self._fit_cache[1], self._fit_cache[2]
 
@@ -229,7 +229,8 @@ class Proposer:
         """The memory correction fitted to every trial that ran."""
         if outcomes:
             table = LayoutTable.from_layouts([o.layout for o in outcomes])
-            parts = MemoryParts.from_values(evaluate(self.cfg, table, self.base), table.recompute)
+            parts = MemoryParts.from_memory(evaluate(self.cfg, table, self.base).memory,
+                                           table.recompute)
         else:
             parts = self.parts.take(np.zeros(0, dtype=int))
         status = np.array([o.status for o in outcomes], dtype=object)
@@ -248,7 +249,7 @@ class Proposer:
             best, best_id = -np.inf, None
         else:
             table = LayoutTable.from_layouts([o.layout for o in ok])
-            trial_terms = term_seconds(evaluate(self.cfg, table, k)["time"])
+            trial_terms = term_seconds(evaluate(self.cfg, table, k).time.parts)
             steps = np.array([o.step_time_s for o in ok], dtype=float)
             scales = fit_terms(trial_terms, steps, breakdown_seconds([o.breakdown for o in ok]))
             residual = np.log(steps / scales.step_s(trial_terms))

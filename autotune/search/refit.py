@@ -198,7 +198,7 @@ def _gib(value: float | None) -> str:
 
 
 def _step_s(cfg: AutotuneConfig, layouts: Sequence[Layout], k: Constants) -> np.ndarray:
-    return np.asarray(evaluate(cfg, LayoutTable.from_layouts(layouts), k)["step_time_s"])
+    return np.asarray(evaluate(cfg, LayoutTable.from_layouts(layouts), k).step_time_s)
 
 
 def memory_flags(
@@ -326,8 +326,8 @@ def _untried(
         return []
     tried = {str(r.get("layout_id")) for r in records if ran(r)}
     fitted = evaluate(cfg, feasible, after)
-    original = evaluate(cfg, feasible, base)["step_time_s"]
-    order = np.argsort(fitted["step_time_s"], kind="stable")
+    original = evaluate(cfg, feasible, base).step_time_s
+    order = np.argsort(fitted.step_time_s, kind="stable")
     result = []
     for index in order:
         layout = feasible.row(int(index))
@@ -337,8 +337,8 @@ def _untried(
             Candidate(
                 layout,
                 float(original[index]),
-                float(fitted["step_time_s"][index]),
-                float(fitted["tokens_per_s"][index]),
+                float(fitted.step_time_s[index]),
+                float(fitted.tokens_per_s[index]),
             )
         )
         if len(result) >= top:

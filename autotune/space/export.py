@@ -11,15 +11,15 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.uncertainty import UNCALIBRATED
 from autotune.costmodel.uncertainty import Interval
 from autotune.exceptions import AutotuneError
-from autotune.layout import Layout
+from autotune.layout import DIMS
 from autotune.space.search_space import Enumeration
 from autotune.units import GIB
 
-DIMENSIONS = ("tp", "pp", "dp", "cp", "vpp", "zero", "offload", "mbs", "gas", "recompute", "sp",
-              "ep", "etp")
+DIMENSIONS = tuple(d.name for d in DIMS)
 """The layout columns, in `Layout` order."""
 COLUMNS = ("rank", "layout", "layout_id", *DIMENSIONS,
            "tokens_per_s", "tokens_per_s_low", "tokens_per_s_high",
@@ -33,17 +33,15 @@ def _pair(low_high: tuple[float, float] | None, fmt: str) -> list[str]:
     return ["", ""] if low_high is None else [format(x, fmt) for x in low_high]
 
 
-def _row(rank: int, layout: Layout, result: Enumeration, i: int,
-         band: Interval | None) -> list[object]:
-    v = result.values
-    tokens, step, mfu = (float(v[k][i]) for k in ("tokens_per_s", "step_time_s", "mfu"))
-    fields = layout.to_dict()
-    return [rank, layout.text, layout.id, *(fields[d] for d in DIMENSIONS),
+def _row(rank: int, e: Estimate, band: Interval | None) -> list[object]:
+    fields = e.layout.to_dict()
+    tokens, step, mfu = e.tokens_per_s, e.step_time_s, e.mfu
+    return [rank, e.layout.text, e.layout.id, *(fields[d] for d in DIMENSIONS),
             f"{tokens:.1f}", *_pair(band.throughput(tokens) if band else None, ".1f"),
             f"{step:.6g}", *_pair(band.step_s(step) if band else None, ".6g"),
-            f"{float(v['tflops_per_gpu'][i]):.2f}", f"{mfu:.4f}",
+            f"{e.tflops_per_gpu:.2f}", f"{mfu:.4f}",
             *_pair(band.throughput(mfu) if band else None, ".4f"),
-            f"{float(v['peak_memory_bytes'][i]) / GIB:.2f}",
+            f"{e.peak_memory_bytes / GIB:.2f}",
             band.text() if band else UNCALIBRATED]
 
 
@@ -61,7 +59,7 @@ def write_layouts_csv(path: Path, result: Enumeration, band: Interval | None,
             writer = csv.writer(handle)
             writer.writerow(COLUMNS)
             for i in range(total):
-                writer.writerow(_row(i + 1, result.feasible.row(i), result, i, band))
+                writer.writerow(_row(i + 1, result.estimates.row(i), band))
     except OSError as error:
         raise AutotuneError(
             f"--csv: cannot write {path} ({error.strerror or error}); give a writable file path"

@@ -40,7 +40,7 @@ MEMORY_RULES: list[Rule] = []
     RuleGroup.MEMORY,
 )
 def _memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
-    return estimate_memory(cfg, t, k)["total"] > usable_gpu_bytes(cfg, k)
+    return estimate_memory(cfg, t, k).total > usable_gpu_bytes(cfg, k)
 
 
 @rule(
@@ -50,7 +50,7 @@ def _memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
     RuleGroup.MEMORY,
 )
 def _host(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> BoolArray:
-    return estimate_memory(cfg, t, k)["host"] > usable_host_bytes(cfg, k)
+    return estimate_memory(cfg, t, k).host > usable_host_bytes(cfg, k)
 
 
 MEMORY_RULE_NAMES = tuple(r.name for r in MEMORY_RULES)
@@ -89,7 +89,7 @@ def violations(
         if r.group == RuleGroup.MEMORY:
             estimated = estimated or estimate_memory(cfg, table, k)
             host = r.name == "host_memory_fits"
-            extra["need_gib"] = float(estimated["host" if host else "total"][0]) / GIB
+            extra["need_gib"] = float((estimated.host if host else estimated.total)[0]) / GIB
             extra["have_gib"] = (usable_host_bytes if host else usable_gpu_bytes)(cfg, k) / GIB
         found.append((r.name, r.explain(cfg, layout, **extra)))
     return found

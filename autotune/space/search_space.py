@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.constants import constants_for
+from autotune.costmodel.estimate import Estimates
 from autotune.costmodel.estimate import evaluate
 from autotune.exceptions import AutotuneError
 from autotune.exceptions import shorten
@@ -282,17 +283,17 @@ def candidates(cfg: AutotuneConfig, space: SearchSpace) -> LayoutTable:
 class Enumeration:
     """Feasible layouts (ranked fastest first) with their figures, and what each rule removed."""
 
-    feasible: LayoutTable
-    values: dict[str, Any]
+    estimates: Estimates
     removed: dict[str, int]
     total: int
 
+    @property
+    def feasible(self) -> LayoutTable:
+        """The feasible layouts, fastest first."""
+        return self.estimates.table
+
     def __len__(self) -> int:
-        return len(self.feasible)
-
-
-def _take(values: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
-    return {k: (_take(v, index) if isinstance(v, dict) else v[index]) for k, v in values.items()}
+        return len(self.estimates)
 
 
 def enumerate_layouts(
@@ -303,9 +304,9 @@ def enumerate_layouts(
     table = candidates(cfg, space)
     total = len(table)
     table, removed = apply_rules(cfg, table, k)
-    values = evaluate(cfg, table, k)
-    order = np.argsort(-values["tokens_per_s"], kind="stable")
-    return Enumeration(table.take(order), _take(values, order), removed, total)
+    estimates = evaluate(cfg, table, k)
+    order = np.argsort(-estimates.tokens_per_s, kind="stable")
+    return Enumeration(estimates.take(order), removed, total)
 
 
 def no_feasible_message(result: Enumeration) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING
+from typing import Literal
 
 if TYPE_CHECKING:
     from autotune.specs.model import ModelSpec
@@ -95,59 +96,118 @@ class ParamCounts:
         return getattr(self.moe_layer, kind) if self.moe_layer is not None else 0
 
 
-def _linear(m: ModelSpec, inputs: int, outputs: int, bias: bool | None = None) -> int:
-    """Weights of a linear layer, with a bias when the model's linears have one."""
-    has_bias = m.add_bias_linear if bias is None else bias
-    return inputs * outputs + (outputs if has_bias else 0)
+@dataclasses.dataclass(frozen=True, slots=True)
+class Projection:
+    """One linear projection of a layer: `inputs` → `outputs` features, and which side tensor
+    parallelism splits (etp for a routed expert)."""
+
+    name: str
+    inputs: int
+    outputs: int
+    split: Literal["outputs", "inputs"] | None
+    """"outputs": column-parallel (QKV, MLP up); "inputs": row-parallel (output projection,
+    MLP down); None: replicated (multi-latent attention's down projections)."""
+    bias: bool
+    """Whether it carries a bias (the model's linear bias; QKV also with add_qkv_bias)."""
+
+    @property
+    def weights(self) -> int:
+        """Weights and bias."""
+        return self.inputs * self.outputs + (self.outputs if self.bias else 0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LayerProjections:
+    """The linear projections of a layer, by part (megatron-core's shapes): the one owner of
+    these shapes, which parameter counts sum, `costmodel.flops` takes 6x (forward and backward)
+    and `costmodel.kernels` splits into per-GPU GEMMs."""
+
+    attention: tuple[Projection, ...]
+    """GQA: QKV and the output projection; multi-latent attention: the KV down and up
+    projections, the query (down and up with a query rank) and the output projection."""
+    mlp: tuple[Projection, ...]
+    """The dense MLP: up (and gate) and down."""
+    shared_experts: tuple[Projection, ...]
+    """A MoE layer's shared experts as one MLP (empty without)."""
+    expert: tuple[Projection, ...]
+    """One routed expert's up (and gate) and down (empty for a dense model)."""
+
+    @property
+    def latent_ranks(self) -> int:
+        """Multi-latent attention's query and KV ranks (the inputs of its up projections): the
+        widths of its latent norms (0 for GQA)."""
+        return sum(p.inputs for p in self.attention if p.name.endswith("_up"))
 
 
 def _norm(m: ModelSpec, width: int) -> int:
     return width * m.norm_factor
 
 
-def _mlp(m: ModelSpec, width: int) -> int:
+def _mlp_projections(m: ModelSpec, width: int) -> tuple[Projection, ...]:
     """A (gated) MLP h -> width -> h."""
     up = 2 * width if m.gated else width
-    return _linear(m, m.hidden_size, up) + _linear(m, width, m.hidden_size)
+    return (Projection("up", m.hidden_size, up, "outputs", m.add_bias_linear),
+            Projection("down", width, m.hidden_size, "inputs", m.add_bias_linear))
 
 
-def _attention(m: ModelSpec) -> int:
-    h, heads = m.hidden_size, m.num_attention_heads
-    if m.multi_latent_attention:
-        return _latent_attention(m)
-    d, g = m.head_dim, m.query_groups
-    qkv = (heads + 2 * g) * d
-    weights = h * qkv + _linear(m, heads * d, h)
-    biases = qkv if (m.add_bias_linear or m.add_qkv_bias) else 0
-    norms = 2 * _norm(m, d) if m.qk_layernorm else 0
-    return weights + biases + norms
-
-
-def _latent_attention(m: ModelSpec) -> int:
-    """DeepSeek's multi-latent attention (megatron-core MLASelfAttention's projections)."""
-    h, heads = m.hidden_size, m.num_attention_heads
+def _attention_projections(m: ModelSpec) -> tuple[Projection, ...]:
+    h, heads, bias = m.hidden_size, m.num_attention_heads, m.add_bias_linear
+    if not m.multi_latent_attention:
+        d, g = m.head_dim, m.query_groups
+        qkv_bias = m.add_bias_linear or m.add_qkv_bias
+        return (Projection("qkv", h, (heads + 2 * g) * d, "outputs", qkv_bias),
+                Projection("out", heads * d, h, "inputs", bias))
+    # DeepSeek's multi-latent attention (megatron-core MLASelfAttention): down projections
+    # replicated, up projections and the output projection split by tp; the KV down projection
+    # is the latent (kv rank) plus the shared rotary key
     nope, rope, v = m.qk_head_dim or 0, m.qk_pos_emb_head_dim or 0, m.v_head_dim or 0
     kv_rank = m.kv_lora_rank or 0
     q_out = heads * (nope + rope)
+    kv = [Projection("kv_down", h, kv_rank + rope, None, bias),
+          Projection("kv_up", kv_rank, heads * (nope + v), "outputs", bias)]
     if m.q_lora_rank is None:
-        query = _linear(m, h, q_out)
+        query = [Projection("q", h, q_out, "outputs", bias)]
     else:
-        query = _linear(m, h, m.q_lora_rank) + _linear(m, m.q_lora_rank, q_out)
-        query += _norm(m, m.q_lora_rank) if m.qk_layernorm else 0
-    key_value = _linear(m, h, kv_rank + rope) + _linear(m, kv_rank, heads * (nope + v))
-    key_value += _norm(m, kv_rank) if m.qk_layernorm else 0
-    return query + key_value + _linear(m, heads * v, h)
+        query = [Projection("q_down", h, m.q_lora_rank, None, bias),
+                 Projection("q_up", m.q_lora_rank, q_out, "outputs", bias)]
+    return (*kv, *query, Projection("out", heads * v, h, "inputs", bias))
+
+
+def projections(m: ModelSpec) -> LayerProjections:
+    """The linear projections of `m`'s layers (MoE parts empty for a dense model)."""
+    shared = m.moe_shared_expert_intermediate_size
+    return LayerProjections(
+        attention=_attention_projections(m),
+        mlp=_mlp_projections(m, m.ffn),
+        shared_experts=_mlp_projections(m, shared) if shared else (),
+        expert=_mlp_projections(m, m.moe_ffn) if m.moe else (),
+    )
+
+
+def _weights(parts: tuple[Projection, ...]) -> int:
+    return sum(p.weights for p in parts)
+
+
+def _attention(m: ModelSpec, shapes: LayerProjections) -> int:
+    """The attention projections plus their own norms (qk norms; MLA's latent norms)."""
+    norms = 0
+    if m.qk_layernorm and m.multi_latent_attention:
+        norms = _norm(m, m.kv_lora_rank or 0) + _norm(m, m.q_lora_rank or 0)
+    elif m.qk_layernorm:
+        norms = 2 * _norm(m, m.head_dim)
+    return _weights(shapes.attention) + norms
 
 
 def _layer(m: ModelSpec, moe: bool) -> LayerParams:
+    shapes = projections(m)
     shared = 0
     if moe and m.moe_shared_expert_intermediate_size:
-        shared = _mlp(m, m.moe_shared_expert_intermediate_size)
+        shared = _weights(shapes.shared_experts)
         shared += m.hidden_size if m.moe_shared_expert_gate else 0
     return LayerParams(
-        attention=_attention(m),
-        mlp=0 if moe else _mlp(m, m.ffn),
-        expert=_mlp(m, m.moe_ffn) if moe else 0,
+        attention=_attention(m, shapes),
+        mlp=0 if moe else _weights(shapes.mlp),
+        expert=_weights(shapes.expert) if moe else 0,
         experts=(m.num_experts or 0) if moe else 0,
         topk=m.moe_router_topk if moe else 0,
         shared_experts=shared,

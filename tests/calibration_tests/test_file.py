@@ -59,9 +59,9 @@ def test_constants_reach_every_estimate() -> None:
     explicit = constants_for(cfg.cluster.gpu, cfg.train.software_stack).model_copy(
         update={"gemm_efficiency": 0.4, "comm_efficiency": 0.6})
     assert constants_for(calibrated.cluster.gpu, cfg.train.software_stack) == explicit
-    found = evaluate(calibrated, table)["step_time_s"][0]
-    assert found == evaluate(cfg, table, explicit)["step_time_s"][0]
-    assert found > evaluate(cfg, table)["step_time_s"][0]
+    found = evaluate(calibrated, table).step_time_s[0]
+    assert found == evaluate(cfg, table, explicit).step_time_s[0]
+    assert found > evaluate(cfg, table).step_time_s[0]
 
 
 def test_other_gpu_type_is_refused_in_one_line() -> None:

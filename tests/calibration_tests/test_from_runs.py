@@ -33,7 +33,7 @@ def _runs(noise: float, count: int = 120, seed: int = 2, skip: int = 0
     rows = np.random.default_rng(1).permutation(len(feasible))[skip:skip + count]
     layouts = [feasible.row(int(i)) for i in rows]
     truth = constants_for(cfg.cluster.gpu, cfg.train.software_stack).model_copy(update=TRUTH)
-    steps = evaluate(cfg, LayoutTable.from_layouts(layouts), truth)["step_time_s"]
+    steps = evaluate(cfg, LayoutTable.from_layouts(layouts), truth).step_time_s
     noisy = steps * (1 + np.random.default_rng(seed).normal(0, noise, len(steps)))
     return layouts, steps, noisy
 
@@ -83,7 +83,7 @@ def test_noisy_refit_is_as_close_as_its_runs_identify_and_predicts_new_layouts()
     unseen, truth_s, _ = _runs(0.0, count=60, skip=120)
     k = constants_for(cfg.cluster.gpu, cfg.train.software_stack).model_copy(
         update=calibration.values())
-    predicted = evaluate(cfg, LayoutTable.from_layouts(unseen), k)["step_time_s"]
+    predicted = evaluate(cfg, LayoutTable.from_layouts(unseen), k).step_time_s
     errors = np.abs(predicted / truth_s - 1)
     assert np.median(errors) < 0.005 and np.max(errors) < 0.02
 
@@ -94,7 +94,7 @@ def test_constant_on_bound_is_warned(tmp_path: Path) -> None:
     cfg = load_config("llama3-8b", "dgx-h100:4")
     feasible = enumerate_layouts(cfg, load_space(None, cfg.train.framework)).feasible
     layouts = [feasible.row(i) for i in range(0, len(feasible), max(1, len(feasible) // 8))][:8]
-    steps = 3 * evaluate(cfg, LayoutTable.from_layouts(layouts))["step_time_s"]
+    steps = 3 * evaluate(cfg, LayoutTable.from_layouts(layouts)).step_time_s
     calibration = calibrate_from_runs(cfg, list(zip(layouts, steps, strict=True)), "slow")
     assert calibration.constants["gemm_efficiency"].at_bound == "lower"
     assert any(w.startswith("gemm_efficiency") and "lower bound" in w

@@ -107,7 +107,7 @@ def test_one_layer_of_expert_traffic_by_hand(dispatcher: str) -> None:
     seconds = max(scale * network / (cluster.inter_node_gb_s * 1e9 * k.comm_efficiency),
                   scale * nvlink / (cluster.intra_node_gb_s * 1e9 * k.nvlink_efficiency))
     exchange = k.latency_base_s + k.latency_inter_s + seconds
-    ep_comm = evaluate(cfg, LayoutTable.from_layouts([layout]), k)["time"]["ep_comm"][0]
+    ep_comm = evaluate(cfg, LayoutTable.from_layouts([layout]), k).time.parts["ep_comm"][0]
     assert ep_comm == pytest.approx(2 * 2 * 4 * exchange, rel=1e-9)
 
 
@@ -154,8 +154,8 @@ def test_overlap_hides_the_traffic_only_where_megatron_runs_it() -> None:
     rows = [Layout.derived(base.world_size, base.train.global_batch_size, tp=2, pp=8, vpp=4,
                            zero=1, sp=True, ep=64, recompute=r) for r in ("selective", "full")]
     table = LayoutTable.from_layouts(rows)
-    plain = evaluate(base, table)["time"]["ep_comm"]
-    hidden = evaluate(over, table)["time"]["ep_comm"]
+    plain = evaluate(base, table).time.parts["ep_comm"]
+    hidden = evaluate(over, table).time.parts["ep_comm"]
     assert hidden[0] < plain[0]
     assert hidden[1] == plain[1]
 

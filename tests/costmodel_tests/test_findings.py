@@ -10,6 +10,7 @@ from autotune.calibration.fit import published_points
 from autotune.costmodel.collectives import bus_bandwidth
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.constants import constants_for
+from autotune.costmodel.estimate import Estimates
 from autotune.costmodel.estimate import evaluate
 from autotune.costmodel.flops import model_flops
 from autotune.costmodel.kernels import layer_times
@@ -24,13 +25,13 @@ from autotune.specs.inputs import load_config
 K = Constants()
 
 
-def _evaluate(cfg, text: str, k: Constants | None = None) -> dict:
+def _evaluate(cfg, text: str, k: Constants | None = None) -> Estimates:
     layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, framework_of(cfg))
     return evaluate(cfg, LayoutTable.from_layouts([layout]), k)
 
 
-def _part(values: dict, name: str) -> float:
-    return float(values["time"][name][0])
+def _part(values: Estimates, name: str) -> float:
+    return float(values.time.parts[name][0])
 
 
 @pytest.mark.parametrize("cp", [2, 4, 8])
@@ -45,9 +46,9 @@ def test_context_parallel_moves_attention_work(cp: int) -> None:
     m = cfg.model
     attention = 6 * m.head_dim * m.num_attention_heads * m.num_layers * 8 * 65536**2
     assert attention / model_flops(m, 65536, 8, 128256) == pytest.approx(0.53, abs=0.01)
-    assert many["time"]["flops"][0] == pytest.approx(one["time"]["flops"][0], rel=1e-9)
+    assert many.time.flops[0] == pytest.approx(one.time.flops[0], rel=1e-9)
     assert _part(many, "compute") >= 0.97 * _part(one, "compute")
-    assert many["mfu"][0] <= one["mfu"][0] < 0.5
+    assert many.mfu[0] <= one.mfu[0] < 0.5
 
 
 def _slow_network(cfg, gb_s: float = 0.001, gpus_per_node: int | None = None):
@@ -113,7 +114,7 @@ def test_zero3_slows_with_ranks_at_fixed_work_per_gpu() -> None:
     for gpus in (128, 256, 512):
         point = points[f"llmfoundry_h100_70b_2048_{gpus}"]
         values = evaluate(point.cfg, point.table, constants_for(point.cfg.cluster.gpu))
-        rates.append(float(np.max(values["tokens_per_s"])) / gpus)
+        rates.append(float(np.max(values.tokens_per_s)) / gpus)
     assert rates[0] > rates[1] > rates[2]
 
 
@@ -136,7 +137,7 @@ def test_zero3_rings_reach_the_node_nics_not_one_nic_per_gpu() -> None:
     reached = bus_bandwidth(np.array([32]), np.array([8]), point.cfg, k)[0]
     assert reached >= needed
     values = evaluate(point.cfg, point.table, k)
-    assert float(np.min(values["time"]["zero3_gather"])) < step
+    assert float(np.min(values.time.parts["zero3_gather"])) < step
 
 def test_gradient_reduce_without_accumulation_is_exposed() -> None:
     """Oracle: megatron-core's DDP bucket of max(40M, 1M·dp) parameters (distributed_data_
@@ -167,7 +168,7 @@ def test_fp8_speeds_up_only_the_linear_gemms() -> None:
     assert high.attention_forward[0] == low.attention_forward[0]
     assert high.memory_forward[0] > low.memory_forward[0]
     share = low.linear_forward[0] / (low.total[0] / 3)
-    speedup = _evaluate(bf16, text)["step_time_s"][0] / _evaluate(fp8, text)["step_time_s"][0]
+    speedup = _evaluate(bf16, text).step_time_s[0] / _evaluate(fp8, text).step_time_s[0]
     assert 1.0 < speedup < 1 / (1 - share / 2)
     assert speedup < 1.59
 
@@ -178,4 +179,4 @@ def test_no_top_layout_beats_the_best_published_runs() -> None:
     tokens on one DGX H100 at 91.6 % (context parallelism removing work)."""
     cfg = load_config("llama3-8b", "dgx-h100:1", seq_length=65536, global_batch_size=8)
     result = enumerate_layouts(cfg, load_space(None, "megatron"))
-    assert np.max(result.values["mfu"][:10]) < 0.55
+    assert np.max(result.estimates.mfu[:10]) < 0.55

@@ -103,19 +103,18 @@ def test_parts_are_finite_and_work_is_moved_not_removed(data: st.DataObject) -> 
     assume(len(table))
     k = constants_for(cfg.cluster.gpu)
     values = evaluate(cfg, table, k)
-    for name in MEMORY_PARTS:
-        assert np.all(np.isfinite(values["memory"][name])) and np.all(values["memory"][name] >= 0)
-    for name in (*TIME_PARTS, "total"):
-        assert np.all(np.isfinite(values["time"][name])) and np.all(values["time"][name] >= 0)
+    memory = [values.memory.parts[name] for name in MEMORY_PARTS]
+    for part in (*memory, *(values.time.parts[name] for name in TIME_PARTS), values.time.total):
+        assert np.all(np.isfinite(part)) and np.all(part >= 0)
     vocab = framework_of(cfg).padded_vocab(cfg.model.vocab_size, table.tp)
-    flops = values["time"]["flops"]
+    flops = values.time.flops
     for key in {(int(r), int(v)) for r, v in zip(table.recompute, vocab, strict=True)}:
         same = (table.recompute == key[0]) & (vocab == key[1])
         assert np.allclose(flops[same], flops[same][0], rtol=1e-9)
     gpu = cfg.cluster.gpu
     sixteen = gpu.peak_tflops["bf16"] / gpu.peak_tflops[cfg.train.precision]
     best = max(k.gemm_efficiency, k.fp8_gemm_efficiency, k.attention_efficiency * sixteen)
-    assert np.all(values["mfu"] <= best)
+    assert np.all(values.mfu <= best)
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -128,7 +127,7 @@ def test_pipeline_bubble_is_p_minus_one_over_v_m_of_the_work(data: st.DataObject
     cfg = data.draw(problems())
     table = legal(cfg, layouts(cfg, data.draw))
     assume(len(table))
-    time = evaluate(cfg, table, constants_for(cfg.cluster.gpu))["time"]
+    time = evaluate(cfg, table, constants_for(cfg.cluster.gpu)).time.parts
     work = time["compute"] + time["tp_comm"] + time["cp_comm"]
     expected = (table.pp - 1) / (table.vpp * table.micro_batches) * work
     custom = np.array([cfg.train.framework == "megatron" and bool(
@@ -164,14 +163,15 @@ def test_twice_the_gpus_never_more_than_twice_the_tokens(data: st.DataObject) ->
     big = _grown(cfg, 2)
     wide = dataclasses.replace(table, dp=table.dp * 2)
     k = constants_for(cfg.cluster.gpu)
-    small_time, big_time = evaluate(cfg, table, k)["time"], evaluate(big, wide, k)["time"]
+    small, large = evaluate(cfg, table, k).time, evaluate(big, wide, k).time
+    small_time, big_time = small.parts, large.parts
     framework = framework_of(cfg)
     same_bucket = np.ones(len(table), dtype=bool)
     if framework.name == "megatron":
         same_bucket = (framework.grad_bucket_params(cfg, table, np.ones(len(table)))
                        == framework.grad_bucket_params(big, wide, np.ones(len(table))))
-    step = [t["total"] - t["optimizer"] - t["offload"] - t["dp_comm"]
-            for t in (small_time, big_time)]
+    step = [t.total - t.parts["optimizer"] - t.parts["offload"] - t.parts["dp_comm"]
+            for t in (small, large)]
     assert np.all(step[1] >= step[0] * (1 - 1e-9))
     grown = big_time["dp_comm"] >= small_time["dp_comm"] * (1 - 1e-9)
     assert np.all(grown | ~same_bucket)
@@ -212,8 +212,8 @@ def test_memory_grows_with_mbs_and_shrinks_with_every_shard(data: st.DataObject,
     assume(pairs)
     small_t = LayoutTable.from_layouts([p[0] for p in pairs])
     big_t = LayoutTable.from_layouts([p[1] for p in pairs])
-    before = evaluate(cfg, small_t, k)["memory"]["total"]
-    after = evaluate(grown, big_t, k)["memory"]["total"]
+    before = evaluate(cfg, small_t, k).memory.total
+    after = evaluate(grown, big_t, k).memory.total
     if dim == "mbs":
         assert np.all(after >= before * (1 - 1e-9))
         return

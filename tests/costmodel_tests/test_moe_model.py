@@ -40,7 +40,7 @@ EXAMPLES = 150
 def _states(cfg: AutotuneConfig, layout: Layout) -> float:
     parts = estimate_memory(cfg, LayoutTable.from_layouts([layout]),
                             constants_for(cfg.cluster.gpu))
-    return float(sum(parts[name][0] for name in ("weights", "gradients", "optimizer")))
+    return float(sum(parts.parts[name][0] for name in ("weights", "gradients", "optimizer")))
 
 
 @pytest.mark.parametrize("tp,pp,ep,etp", [(1, 1, 8, 1), (2, 4, 8, 1), (2, 2, 4, 2)])
@@ -164,7 +164,7 @@ def test_more_expert_parallelism_shrinks_each_gpus_states(cfg: AutotuneConfig, t
     large = dataclasses.replace(small, ep=2 * ep)
     assert _states(cfg, large) < _states(cfg, small)
     k = constants_for(cfg.cluster.gpu)
-    peak = estimate_memory(cfg, LayoutTable.from_layouts([small, large]), k)["total"]
+    peak = estimate_memory(cfg, LayoutTable.from_layouts([small, large]), k).total
     assert peak[1] <= peak[0]
 
 
@@ -200,7 +200,7 @@ def test_all_to_all_is_free_without_ep_and_slower_across_nodes(cfg: AutotuneConf
     gpn = cfg.cluster.gpus_per_node
     assume((cfg.model.num_experts or 0) % (2 * gpn) == 0)
     rows = [_layout(cfg, mbs=mbs, ep=ep) for ep in (1, gpn, 2 * gpn)]
-    ep_comm = evaluate(cfg, LayoutTable.from_layouts(rows))["time"]["ep_comm"]
+    ep_comm = evaluate(cfg, LayoutTable.from_layouts(rows)).time.parts["ep_comm"]
     assert ep_comm[0] == 0.0
     assert 0.0 < ep_comm[1] < ep_comm[2]
 
@@ -217,9 +217,9 @@ def test_dense_models_ignore_the_moe_terms(layers: int, nodes: int) -> None:
     k = constants_for(cfg.cluster.gpu)
     base = evaluate(cfg, table, k)
     skewed = evaluate(cfg, table, k.model_copy(update={"moe_load_imbalance": 3.0}))
-    assert np.all(base["time"]["ep_comm"] == 0.0)
-    assert np.array_equal(base["step_time_s"], skewed["step_time_s"])
-    assert np.array_equal(base["peak_memory_bytes"], skewed["peak_memory_bytes"])
+    assert np.all(base.time.parts["ep_comm"] == 0.0)
+    assert np.array_equal(base.step_time_s, skewed.step_time_s)
+    assert np.array_equal(base.peak_memory_bytes, skewed.peak_memory_bytes)
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -233,5 +233,5 @@ def test_expert_parallelism_moves_expert_work_not_removes_it(cfg: AutotuneConfig
             for pp in (1, 2) for ep in (1, 2, 8) for etp in (1, 2)
             if experts % ep == 0 and cfg.model.num_layers % pp == 0
             and cfg.model.moe_ffn % etp == 0]
-    flops = evaluate(cfg, LayoutTable.from_layouts(rows))["time"]["flops"]
+    flops = evaluate(cfg, LayoutTable.from_layouts(rows)).time.flops
     assert np.allclose(flops, flops[0], rtol=1e-9)

@@ -47,7 +47,7 @@ def test_each_size_gets_the_best_layout_of_its_own_enumeration(plan_8b) -> None:
         cfg = resized(base, point.gpus, base.train.global_batch_size)
         found = enumerate_layouts(cfg, space)
         assert point.layout == found.feasible.row(0).text
-        assert point.tokens_per_s == pytest.approx(float(found.values["tokens_per_s"][0]))
+        assert point.tokens_per_s == pytest.approx(float(found.estimates.tokens_per_s[0]))
         assert point.feasible == len(found) and point.candidates == found.total
 
 

@@ -10,6 +10,7 @@ from scipy.integrate import quad
 from scipy.stats import norm
 
 from autotune.costmodel.constants import constants_for
+from autotune.costmodel.estimate import Estimates
 from autotune.costmodel.estimate import evaluate
 from autotune.layout import LayoutTable
 from autotune.measurement import Measurement
@@ -98,18 +99,18 @@ class _HiddenMemory(Runner):
 
     def run(self, plan: TrialPlan) -> Measurement:
         values = evaluate(plan.cfg, LayoutTable.from_layouts([plan.layout]))
-        rows = MemoryParts.from_values(values, np.array([0]))
+        rows = MemoryParts.from_memory(values.memory, np.array([0]))
         allocated = float(rows.fixed[0] + 1.2 * rows.activation[0])
         if allocated + 6 * GIB > plan.cfg.cluster.gpu.memory_bytes:
             return Measurement("oom", reason="CUDA out of memory")
-        step = float(values["step_time_s"][0])
+        step = float(values.step_time_s[0])
         return Measurement("ok", step_time_s=step,
                            tokens_per_s=plan.cfg.train.tokens_per_step / step,
                            peak_memory_bytes=allocated)
 
 
-def _fits_hidden(table: LayoutTable, values: dict) -> np.ndarray:
-    rows = MemoryParts.from_values(values, table.recompute)
+def _fits_hidden(estimates: Estimates) -> np.ndarray:
+    rows = MemoryParts.from_memory(estimates.memory, estimates.table.recompute)
     return rows.fixed + 1.2 * rows.activation + 6 * GIB <= CFG.cluster.gpu.memory_bytes
 
 
@@ -123,9 +124,9 @@ def test_the_search_stops_walking_into_the_memory_edge(tmp_path: Path,
     monkeypatch.setattr("autotune.costmodel.constants.calibration", lambda gpu, stack: None)
     space = load_space(None, "megatron")
     enumeration = enumerate_layouts(CFG, space)
-    fits = _fits_hidden(enumeration.feasible, enumeration.values)
+    fits = _fits_hidden(enumeration.estimates)
     assert (~fits[:10]).sum() >= 5
-    best = float(enumeration.values["tokens_per_s"][fits].max())
+    best = float(enumeration.estimates.tokens_per_s[fits].max())
 
     result = tune(CFG, space, _HiddenMemory(),
         TuneSettings(trials=10, storage="memory", render=False), tmp_path)

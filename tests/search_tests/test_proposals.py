@@ -90,13 +90,13 @@ class _TermWrong(Runner):
         """Runs any problem."""
 
     def step_s(self, cfg, table: LayoutTable):
-        parts = evaluate(cfg, table)["time"]
+        parts = evaluate(cfg, table).time.parts
         return sum(parts[p] * (self.factor if p == "tp_comm" else 1.0) for p in TIME_PARTS)
 
     def run(self, plan: TrialPlan) -> Measurement:
         table = LayoutTable.from_layouts([plan.layout])
         step = float(self.step_s(plan.cfg, table)[0])
-        peak = float(evaluate(plan.cfg, table)["peak_memory_bytes"][0])
+        peak = float(evaluate(plan.cfg, table).peak_memory_bytes[0])
         return Measurement("ok", step_time_s=step, step_time_spread=0.01,
                            tokens_per_s=plan.cfg.train.tokens_per_step / step,
                            peak_memory_bytes=peak)
@@ -200,10 +200,10 @@ class _Exact(Runner):
 
     def run(self, plan: TrialPlan) -> Measurement:
         values = evaluate(plan.cfg, LayoutTable.from_layouts([plan.layout]))
-        step = float(values["step_time_s"][0])
+        step = float(values.step_time_s[0])
         return Measurement("ok", step_time_s=step, step_time_spread=0.01,
                            tokens_per_s=plan.cfg.train.tokens_per_step / step,
-                           peak_memory_bytes=float(values["peak_memory_bytes"][0]))
+                           peak_memory_bytes=float(values.peak_memory_bytes[0]))
 
 
 def test_stop_when_confident_ends_early_on_the_best(tmp_path: Path) -> None:
@@ -213,7 +213,7 @@ def test_stop_when_confident_ends_early_on_the_best(tmp_path: Path) -> None:
     option it runs all 30."""
     cfg = load_config("llama3-8b", "dgx-h100:1")
     feasible = enumerate_layouts(cfg, SPACE).feasible
-    best = float(evaluate(cfg, feasible)["tokens_per_s"].max())
+    best = float(evaluate(cfg, feasible).tokens_per_s.max())
 
     result = tune(cfg, SPACE, _Exact(), TuneSettings(trials=30, storage="memory", render=False,
                                                      stop_when_confident=True), tmp_path / "a")

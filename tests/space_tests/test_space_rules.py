@@ -148,7 +148,7 @@ def test_enumeration_counts_add_up_and_rank() -> None:
     # a dense model has ep = etp = 1 only: the resolved space's product
     assert result.total == load_space(None, "megatron").resolved(cfg).size
     assert result.total - sum(result.removed.values()) == len(result) > 0
-    speeds = result.values["tokens_per_s"]
+    speeds = result.estimates.tokens_per_s
     assert np.all(np.diff(speeds) <= 0)
 
 

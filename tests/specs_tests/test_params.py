@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from helpers_models import PUBLISHED
+from helpers_models import hf_model
 from helpers_models import hf_param_count
 from helpers_models import published
 from helpers_models import spec
@@ -219,3 +220,50 @@ def test_deepseek_v3_active_parameters_by_hand() -> None:
     expected = 3 * dense + 58 * moe + 2 * vocab * h + h
     assert spec(published("deepseek-ai/DeepSeek-V3")).active_params() == expected
     assert round(expected / 1e9) in (37, 38)
+
+
+def _linears(module: Any) -> list[tuple[int, int]]:
+    import torch
+
+    return sorted((m.in_features, m.out_features) for m in module.children()
+                  if isinstance(m, torch.nn.Linear))
+
+
+def _shapes(parts: Any) -> list[tuple[int, int]]:
+    return sorted((p.inputs, p.outputs) for p in parts)
+
+
+@pytest.mark.parametrize("repo", ["meta-llama/Llama-3.1-8B", "deepseek-ai/DeepSeek-V3"])
+def test_projections_are_transformers_linear_shapes(repo: str) -> None:
+    """Oracle: the nn.Linear shapes (and fused expert weights) of transformers' model of the
+    published config, 4 layers of it on the meta device (DeepSeek-V3: 3 dense, then MoE).
+    Multi-latent attention matches projection by projection; GQA's fused QKV is q, k and v
+    side by side, the (gated) MLP up is gate and up side by side."""
+    from autotune.specs.params import projections
+
+    config = {**published(repo), "num_hidden_layers": 4}
+    model, shapes = hf_model(config), projections(spec(config))
+    dense, last = model.model.layers[0], model.model.layers[3]
+    attention = _linears(dense.self_attn)
+    if spec(config).multi_latent_attention:
+        assert _shapes(shapes.attention) == attention
+    else:
+        qkv, out = shapes.attention
+        q, k, v, o = (getattr(dense.self_attn, f"{n}_proj") for n in "qkvo")
+        assert (out.inputs, out.outputs) == (o.in_features, o.out_features)
+        assert (qkv.inputs, qkv.outputs) == (
+            q.in_features, q.out_features + k.out_features + v.out_features)
+    gate, _, down = (dense.mlp.gate_proj, dense.mlp.up_proj, dense.mlp.down_proj)
+    assert _shapes(shapes.mlp) == sorted([(gate.in_features, 2 * gate.out_features),
+                                          (down.in_features, down.out_features)])
+    if spec(config).moe:
+        shared = last.mlp.shared_experts
+        assert _shapes(shapes.shared_experts) == sorted([
+            (shared.gate_proj.in_features, 2 * shared.gate_proj.out_features),
+            (shared.down_proj.in_features, shared.down_proj.out_features)])
+        experts, h_out = last.mlp.experts.gate_up_proj.shape[1:], last.mlp.experts.down_proj
+        up, down_expert = shapes.expert
+        assert (up.outputs, up.inputs) == tuple(experts)
+        assert (down_expert.outputs, down_expert.inputs) == tuple(h_out.shape[1:])
+    splits = {p.name: p.split for p in (*shapes.attention, *shapes.mlp)}
+    assert splits["out"] == splits["down"] == "inputs" and splits["up"] == "outputs"
