@@ -83,13 +83,16 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
 }
 """Training settings of a run that its launch script sets and the CSV has no column for, by
 `row_id`."""
-FP8_BF16_GRADS = frozenset({"nemo_docs", "megatron_bridge", "mlperf_v41"})
+FP8_BF16_GRADS = frozenset({"nemo_docs", "megatron_bridge", "mlperf_v41", "dgxc_2504"})
 """Sources whose fp8 runs reduce gradients in bf16 (`TrainSpec.grad_reduce_in_fp32` false):
 NVIDIA's performance scripts. NVIDIA/NeMo `scripts/performance` sets
 `plugins.grad_reduce_in_fp32 = False` with fp8; NVIDIA-NeMo/Megatron-Bridge
 `scripts/performance` sets `mixed_precision.grad_reduce_in_fp32 = False` and
 `ddp.grad_reduce_in_fp32 = False`; the MLPerf v4.1 submission's precision file is not in the
 stored copy and is taken to follow the same scripts (data/README.md)."""
+BF16_GRAD_SYNC = ("dgxc2411_", "dgxc2504_gpt3")
+"""Row-id prefixes of runs whose gradients are reduced in bf16 at every precision: NeMo 1.0
+launcher configs of NVIDIA/dgxc-benchmarking (`optim.grad_sync_dtype: bf16`)."""
 _POSITIONS = {"alibi": "rope"}  # position schemes without weights map onto rope
 RUN_MEMORY_TOLERANCE = 0.03
 """A run that happened may be predicted this fraction over the usable memory and still count as
@@ -280,7 +283,8 @@ def problem(row: dict[str, str]) -> AutotuneConfig:
         "overlap_grad_reduce": row["overlap_grad_reduce"] != "no",
         "tp_comm_overlap": row["tp_comm_overlap"] == "yes",
     }
-    if row["source_id"] in FP8_BF16_GRADS and setup["precision"] == "fp8":
+    if (row["source_id"] in FP8_BF16_GRADS and setup["precision"] == "fp8"
+            or row["row_id"].startswith(BF16_GRAD_SYNC)):
         setup["grad_reduce_in_fp32"] = False
     train = TrainSpec(**(setup | RUN_SETTINGS.get(row["row_id"], {})))
     return AutotuneConfig(
