@@ -80,6 +80,10 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
     "mbridge_2509_h100_deepseekv3_1024": {"moe_token_dispatcher": "flex",
                                           "moe_a2a_overlap": True,
                                           "overlap_grad_reduce": False},
+    # NVIDIA/dgxc-benchmarking nemotron/nemotron4-340b-synth.yaml @
+    # 35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae: Apex distributed Adam with `optim.dtype: bf16`
+    **{f"dgxc2411_nemotron4_340b_{p}_{g}": {"adam_moments_dtype": "bf16"}
+       for p in ("bf16", "fp8") for g in (128, 512, 2048)},
 }
 """Training settings of a run that its launch script sets and the CSV has no column for, by
 `row_id`."""
