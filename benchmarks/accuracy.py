@@ -134,12 +134,15 @@ def prior(g: Group) -> Constants:
 
 
 def fit_group(points: Sequence[Measured]) -> Constants:
-    """Constants of one (GPU, stack) fitted on its fit-eligible points, from its prior."""
+    """Constants of one (GPU, stack) fitted on its fit-eligible points, from its prior. A row
+    whose source left settings open (several candidates) bounds the model from one side
+    (`fit_constants`' `open_as_bound`) wherever rows stating every setting anchor the fit."""
     train = [p for p in points if fitted(p)]
     if not train:
         return Constants()
+    anchored = any(len(p.layouts) == 1 for p in train)  # bounds alone pin nothing
     return fit_constants(train, prior(fit_source(train[0])), names_for(train),
-                         prior_sd=PRIOR_SD)
+                         prior_sd=PRIOR_SD, open_as_bound=anchored)
 
 
 def fit_groups(points: Sequence[Measured]) -> dict[Group, Constants]:
@@ -317,6 +320,9 @@ def main() -> None:
             part = [p for p in rows if regime(p.cfg) == precision]
             if part and len(part) < len(rows):
                 summary.add_row(*summary_row(f"  {precision}", part, cv, insample, peer))
+        stated = [p for p in rows if len(p.layouts) == 1]
+        if stated and len(stated) < len(rows):
+            summary.add_row(*summary_row("  every setting stated", stated, cv, insample, peer))
     summary.add_row(*summary_row("all dense", dense, cv, insample, peer))
     moe = [p for p in points if not fitted(p)]
     if moe:
