@@ -70,6 +70,8 @@ dense first layers), by the `model` column: the preset built from its released c
 RELEASED_FIELDS: dict[str, dict[str, Any]] = {
     # Qwen/Qwen3-30B-A3B config.json: head_dim 128 (not hidden/heads), q/k norms, rope_theta 1e6
     "Qwen3-30B-A3B": {"kv_channels": 128, "qk_layernorm": True, "rotary_base": 1.0e6},
+    # Qwen/Qwen3-235B-A22B config.json: the same head_dim, q/k norms and rope_theta
+    "Qwen3-235B-A22B": {"kv_channels": 128, "qk_layernorm": True, "rotary_base": 1.0e6},
 }
 """Fields of the released config.json that the CSV has no column for, by the `model` column."""
 RUN_SETTINGS: dict[str, dict[str, Any]] = {
