@@ -2,11 +2,12 @@
 run, at its README's training setting: a fixed 50 % of the GEMM peak (`flops_efficiency=0.5`,
 `hbm_memory_efficiency=0.9`), no pipeline bubble and no data-parallel communication.
 
-A benchmark-only peer (not a dependency of autotune): `pip install llm-analysis` to see its
-column in `benchmarks/accuracy.py`. It is given the layout autotune's model picks among the
-run's candidates (the published one where the source states every setting); llm-analysis has
-no context parallelism, so cp joins dp (the same tokens per GPU). bf16/fp16 rows use its
-w16a16e16 data type, fp8 rows w8a8e16 (its 8-bit peak is H100's fp8 peak, 1979 TFLOP/s).
+A benchmark-only peer (not a dependency of autotune): `pip install --no-deps
+llm-analysis==0.2.2 "fire<0.6" termcolor` to see its column in `benchmarks/accuracy.py`. It is
+given the layout autotune's model picks among the run's candidates (the published one where the
+source states every setting); llm-analysis has no context parallelism, so cp joins dp (the same
+tokens per GPU). bf16/fp16 rows use its w16a16e16 data type, fp8 rows w8a8e16 (its 8-bit peak
+is H100's fp8 peak, 1979 TFLOP/s).
 """
 
 from __future__ import annotations
