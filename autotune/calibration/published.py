@@ -86,6 +86,13 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
     # 35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae: Apex distributed Adam with `optim.dtype: bf16`
     **{f"dgxc2411_nemotron4_340b_{p}_{g}": {"adam_moments_dtype": "bf16"}
        for p in ("bf16", "fp8") for g in (128, 512, 2048)},
+    # NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/qwen/qwen3_workload_base_configs.py
+    # @ 21d102f5e (26.04.01) and 63b08b397 (26.06): Qwen3-30B-A3B on H100 in fp8 runs the flex
+    # dispatcher (HybridEP), Qwen3-235B-A22B the EP all-to-all overlap (also @ cfeddcd94, 26.02)
+    "mbridge_26041_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
+    "mbridge_2606_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
+    "mbridge_26041_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
+    "mbridge_26021_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
 }
 """Training settings of a run that its launch script sets and the CSV has no column for, by
 `row_id`."""
