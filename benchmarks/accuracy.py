@@ -14,9 +14,10 @@ software stack) are fitted on the dense rows (bf16 and fp8) of that pair's other
 source's rows are predicted (leave one source out); H200 rows are predicted by the H100 fit
 (same die). Each fit starts from, and is pulled towards, the constants' physical values
 (`prior`: the fused attention kernel the stack runs). MoE rows are predicted, never fitted.
-The in-sample error (fitted on every source) is the secondary column. A fitted constant within
-1 % of a FIT_BOUNDS limit is flagged. --fit writes the constants fitted on every source, and the
-cross-validated residual ranges per regime (the prediction intervals of
+The in-sample error (fitted on every source) is the secondary column; llm-analysis at its
+README setting (`peer_llm_analysis.py`, where installed) on the same rows is the last. A
+fitted constant within 1 % of a FIT_BOUNDS limit is flagged. --fit writes the constants fitted
+on every source, and the cross-validated residual ranges per regime (the prediction intervals of
 autotune.costmodel.uncertainty), to autotune/presets/constants.yaml.
 Target: cross-validated median |error| <= 5 %, max <= 15 % for every (GPU, stack) with at
 least two sources; MoE median <= 15 %.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +55,9 @@ from autotune.costmodel.uncertainty import regime
 from autotune.costmodel.uncertainty import residual_summary
 from autotune.frameworks import framework_of
 from autotune.resources import resource_dir
+
+sys.path.insert(0, str(Path(__file__).parent))
+import peer_llm_analysis  # noqa: E402  (a benchmark module next to this script)
 
 FITTED = ("gemm_efficiency", "gemm_half_size", "attention_efficiency", "elementwise_passes",
           "fp8_gemm_efficiency")
@@ -129,12 +134,15 @@ def prior(g: Group) -> Constants:
 
 
 def fit_group(points: Sequence[Measured]) -> Constants:
-    """Constants of one (GPU, stack) fitted on its fit-eligible points, from its prior."""
+    """Constants of one (GPU, stack) fitted on its fit-eligible points, from its prior. A row
+    whose source left settings open (several candidates) bounds the model from one side
+    (`fit_constants`' `open_as_bound`) wherever rows stating every setting anchor the fit."""
     train = [p for p in points if fitted(p)]
     if not train:
         return Constants()
+    anchored = any(len(p.layouts) == 1 for p in train)  # bounds alone pin nothing
     return fit_constants(train, prior(fit_source(train[0])), names_for(train),
-                         prior_sd=PRIOR_SD)
+                         prior_sd=PRIOR_SD, open_as_bound=anchored)
 
 
 def fit_groups(points: Sequence[Measured]) -> dict[Group, Constants]:
@@ -228,8 +236,9 @@ def layout_text(point: Measured, k: Constants) -> str:
 
 
 def summary_row(label: str, points: list[Measured], cv: dict[str, float],
-                insample: dict[str, float]) -> list[str]:
-    """GPU type, rows, sources, CV and in-sample median/max |error|."""
+                insample: dict[str, float], peer: dict[str, float]) -> list[str]:
+    """GPU type, rows, sources, CV and in-sample median/max |error|, and llm-analysis's on the
+    rows autotune has a CV prediction for."""
     def stats(predicted: dict[str, float]) -> str:
         errors = [abs(p.step_time_s / predicted[p.name] - 1)
                   for p in points if p.name in predicted]
@@ -238,12 +247,24 @@ def summary_row(label: str, points: list[Measured], cv: dict[str, float],
         return f"{np.median(errors):.1%} / {np.max(errors):.1%}"
 
     sources = len({p.source for p in points})
-    return [label, str(len(points)), str(sources), stats(cv), stats(insample)]
+    judged = {name: step for name, step in peer.items() if name in cv}
+    return [label, str(len(points)), str(sources), stats(cv), stats(insample), stats(judged)]
 
 
 def cv_errors(points: Sequence[Measured], cv: dict[str, float]) -> np.ndarray:
     """|measured / CV-predicted throughput − 1| of the points that have a CV prediction."""
     return np.array([abs(p.step_time_s / cv[p.name] - 1) for p in points if p.name in cv])
+
+
+def half_verdict(rows: Sequence[Measured], cv: dict[str, float],
+                 peer: dict[str, float]) -> str:
+    """llm-analysis's median / max on `rows` and whether ours is at most half of both."""
+    if not rows:
+        return ""
+    ours, theirs = cv_errors(rows, cv), cv_errors(rows, peer)
+    half = np.median(ours) <= np.median(theirs) / 2 and np.max(ours) <= np.max(theirs) / 2
+    return (f"; llm-analysis {np.median(theirs):.1%} / {np.max(theirs):.1%} on the same "
+            f"{len(rows)} rows: at most half its error {'met' if half else 'NOT met'}")
 
 
 def main() -> None:
@@ -266,6 +287,13 @@ def main() -> None:
     insample = {p.name: predicted_step_s(p, fits[fit_source(p)])
                 for p in points if fit_source(p) in fits}
     cv, on_bound = cross_validate(points)
+    peer: dict[str, float] = {}
+    if peer_llm_analysis.available():
+        for p in points:
+            step = peer_llm_analysis.step_s(p, best_layout(p, fits.get(fit_source(p),
+                                                                        Constants())))
+            if step is not None:
+                peer[p.name] = step
     if args.fit:
         console.print(f"wrote {write_constants(fits, intervals(points, cv))}")
     folds = Counter(g for g in {(fit_source(p), p.source) for p in points})
@@ -292,20 +320,24 @@ def main() -> None:
 
     summary = Table(title="Error summary: |predicted/measured throughput - 1|, median / max; "
                           "dense rows, bf16 and fp8 together")
-    for column in ("GPU / stack", "rows", "sources", "CV (leave one source out)", "in-sample"):
+    for column in ("GPU / stack", "rows", "sources", "CV (leave one source out)", "in-sample",
+                   "llm-analysis (README setting)" if peer else "llm-analysis (not installed)"):
         summary.add_column(column)
     dense = [p for p in points if fitted(p)]
     for g in sorted({group(p) for p in dense}):
         rows = [p for p in dense if group(p) == g]
-        summary.add_row(*summary_row(" / ".join(g), rows, cv, insample))
+        summary.add_row(*summary_row(" / ".join(g), rows, cv, insample, peer))
         for precision in ("bf16", "fp8"):
             part = [p for p in rows if regime(p.cfg) == precision]
             if part and len(part) < len(rows):
-                summary.add_row(*summary_row(f"  {precision}", part, cv, insample))
-    summary.add_row(*summary_row("all dense", dense, cv, insample))
+                summary.add_row(*summary_row(f"  {precision}", part, cv, insample, peer))
+        stated = [p for p in rows if len(p.layouts) == 1]
+        if stated and len(stated) < len(rows):
+            summary.add_row(*summary_row("  every setting stated", stated, cv, insample, peer))
+    summary.add_row(*summary_row("all dense", dense, cv, insample, peer))
     moe = [p for p in points if not fitted(p)]
     if moe:
-        summary.add_row(*summary_row("MoE (never fitted)", moe, cv, insample))
+        summary.add_row(*summary_row("MoE (never fitted)", moe, cv, insample, peer))
     console.print(summary)
 
     constants = Table(title="Constants fitted on every source (in-sample); '-' = not identified")
@@ -338,8 +370,15 @@ def main() -> None:
             verdicts.append(f"{' / '.join(g)}: one source, not judged")
             continue
         ok = np.median(errors) <= 0.05 and np.max(errors) <= 0.15
-        verdicts.append(f"{' / '.join(g)}: {np.median(errors):.1%} / {np.max(errors):.1%} "
-                        f"{'met' if ok else 'NOT met'}")
+        line = (f"{' / '.join(g)}: {np.median(errors):.1%} / {np.max(errors):.1%} "
+                f"{'met' if ok else 'NOT met'}")
+        line += half_verdict([p for p in rows if p.name in cv and p.name in peer], cv, peer)
+        verdicts.append(line)
+        stated = [p for p in rows if len(p.layouts) == 1 and p.name in cv and p.name in peer]
+        if stated and len(stated) < len(rows):
+            ours = cv_errors(stated, cv)
+            verdicts.append(f"  every setting stated: {np.median(ours):.1%} / {np.max(ours):.1%}"
+                            + half_verdict(stated, cv, peer))
     console.print("target per (GPU, stack) with >= 2 sources, cross-validated median <= 5 %, "
                   "max <= 15 %:")
     for line in verdicts:

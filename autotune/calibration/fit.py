@@ -116,6 +116,7 @@ def fit_constants(
     prior_sd: float | Mapping[str, float] | None = None,
     step_sd: float = 1.0,
     loss: Loss = "cauchy",
+    open_as_bound: bool = False,
 ) -> Constants:
     """The constants `names` that best explain the measured step times, starting from `base`.
 
@@ -136,6 +137,10 @@ def fit_constants(
             a mapping gives each name its own (a name it lacks has no prior).
         step_sd: Standard deviation of the log step-time error (scales the data residuals).
         loss: "cauchy" or "linear".
+        open_as_bound: A point with several candidate layouts (its source left a setting
+            open) bounds the model from one side only: the fastest candidate may run faster
+            than the run that happened (whose settings may have been slower), never slower.
+            Its residual counts only where the model predicts it slower than measured.
 
     Returns:
         `base` with `names` replaced by the fitted values (`base` itself without points).
@@ -152,13 +157,14 @@ def fit_constants(
     elif prior_sd is not None:
         spread = np.full(len(names), prior_sd)
     groups = _groups(points)
+    bound = np.array([open_as_bound and len(p.layouts) > 1 for p in points])
 
     def constants(x: np.ndarray) -> Constants:
         return base.model_copy(update=dict(zip(names, map(float, np.exp(x)), strict=True)))
 
     def residuals(x: np.ndarray) -> np.ndarray:
         data: np.ndarray = np.log(_step_s(groups, constants(x), len(points)) / measured)
-        data /= step_sd
+        data = np.where(bound, np.maximum(data, 0.0), data) / step_sd
         if spread is None:
             return data
         return np.concatenate([data, (x - start) / spread])

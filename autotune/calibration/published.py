@@ -71,6 +71,8 @@ dense first layers), by the `model` column: the preset built from its released c
 RELEASED_FIELDS: dict[str, dict[str, Any]] = {
     # Qwen/Qwen3-30B-A3B config.json: head_dim 128 (not hidden/heads), q/k norms, rope_theta 1e6
     "Qwen3-30B-A3B": {"kv_channels": 128, "qk_layernorm": True, "rotary_base": 1.0e6},
+    # Qwen/Qwen3-235B-A22B config.json: the same head_dim, q/k norms and rope_theta
+    "Qwen3-235B-A22B": {"kv_channels": 128, "qk_layernorm": True, "rotary_base": 1.0e6},
 }
 """Fields of the released config.json that the CSV has no column for, by the `model` column."""
 RUN_SETTINGS: dict[str, dict[str, Any]] = {
@@ -81,16 +83,30 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
     "mbridge_2509_h100_deepseekv3_1024": {"moe_token_dispatcher": "flex",
                                           "moe_a2a_overlap": True,
                                           "overlap_grad_reduce": False},
+    # NVIDIA/dgxc-benchmarking nemotron/nemotron4-340b-synth.yaml @
+    # 35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae: Apex distributed Adam with `optim.dtype: bf16`
+    **{f"dgxc2411_nemotron4_340b_{p}_{g}": {"adam_moments_dtype": "bf16"}
+       for p in ("bf16", "fp8") for g in (128, 512, 2048)},
+    # NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/qwen/qwen3_workload_base_configs.py
+    # @ 21d102f5e (26.04.01) and 63b08b397 (26.06): Qwen3-30B-A3B on H100 in fp8 runs the flex
+    # dispatcher (HybridEP), Qwen3-235B-A22B the EP all-to-all overlap (also @ cfeddcd94, 26.02)
+    "mbridge_26041_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
+    "mbridge_2606_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
+    "mbridge_26041_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
+    "mbridge_26021_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
 }
 """Training settings of a run that its launch script sets and the CSV has no column for, by
 `row_id`."""
-FP8_BF16_GRADS = frozenset({"nemo_docs", "megatron_bridge", "mlperf_v41"})
+FP8_BF16_GRADS = frozenset({"nemo_docs", "megatron_bridge", "mlperf_v41", "dgxc_2504"})
 """Sources whose fp8 runs reduce gradients in bf16 (`TrainSpec.grad_reduce_in_fp32` false):
 NVIDIA's performance scripts. NVIDIA/NeMo `scripts/performance` sets
 `plugins.grad_reduce_in_fp32 = False` with fp8; NVIDIA-NeMo/Megatron-Bridge
 `scripts/performance` sets `mixed_precision.grad_reduce_in_fp32 = False` and
 `ddp.grad_reduce_in_fp32 = False`; the MLPerf v4.1 submission's precision file is not in the
 stored copy and is taken to follow the same scripts (data/README.md)."""
+BF16_GRAD_SYNC = ("dgxc2411_", "dgxc2504_gpt3")
+"""Row-id prefixes of runs whose gradients are reduced in bf16 at every precision: NeMo 1.0
+launcher configs of NVIDIA/dgxc-benchmarking (`optim.grad_sync_dtype: bf16`)."""
 _POSITIONS = {"alibi": "rope"}  # position schemes without weights map onto rope
 RUN_MEMORY_TOLERANCE = 0.03
 """A run that happened may be predicted this fraction over the usable memory and still count as
@@ -281,7 +297,8 @@ def problem(row: dict[str, str]) -> AutotuneConfig:
         "overlap_grad_reduce": row["overlap_grad_reduce"] != "no",
         "tp_comm_overlap": row["tp_comm_overlap"] == "yes",
     }
-    if row["source_id"] in FP8_BF16_GRADS and setup["precision"] == "fp8":
+    if (row["source_id"] in FP8_BF16_GRADS and setup["precision"] == "fp8"
+            or row["row_id"].startswith(BF16_GRAD_SYNC)):
         setup["grad_reduce_in_fp32"] = False
     train = TrainSpec(**(setup | RUN_SETTINGS.get(row["row_id"], {})))
     return AutotuneConfig(

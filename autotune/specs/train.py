@@ -48,6 +48,12 @@ class TrainSpec(BaseModel):
     default of Megatron-LM's `arguments.py` for bf16; False is `--grad-reduce-in-bf16`, the
     setting of NeMo's and Megatron-Bridge's performance recipes (`scripts/performance`): a
     2-byte buffer and reduction."""
+    adam_moments_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Dtype of Adam's two moments: fp32 (Megatron-LM's default: 4 + 4 + 4 B of fp32 master
+    and moments per parameter), or bf16 (Megatron's `--use-precision-aware-optimizer
+    --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16`: 4 + 2 + 2 B; NeMo 1.0's Apex distributed
+    Adam with `optim.dtype: bf16` keeps its master copy in bf16 as well, which this counts
+    as fp32)."""
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives run in chunks under the GEMMs (Transformer Engine userbuffers:
     Megatron's `--tp-comm-overlap`, with sequence parallelism only)."""
@@ -71,6 +77,9 @@ class TrainSpec(BaseModel):
         if self.framework != "megatron" and not self.grad_reduce_in_fp32:
             raise ValueError("grad_reduce_in_fp32 false is Megatron's --grad-reduce-in-bf16; "
                              f"set it true for {self.framework}")
+        if self.framework != "megatron" and self.adam_moments_dtype != "fp32":
+            raise ValueError("adam_moments_dtype bf16 is Megatron's --exp-avg-dtype bf16; "
+                             f"set it fp32 for {self.framework}")
         if self.framework != "megatron" and self.moe_a2a_overlap:
             raise ValueError(f"moe_a2a_overlap is Megatron's; set it false for {self.framework}")
         return self

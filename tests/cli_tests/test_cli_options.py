@@ -12,8 +12,8 @@ import typer
 from autotune.cli.app import app
 from autotune.run import RunnerSettings
 
-PROBLEM = ["--calibration", "--cluster", "--config", "--flash-attention", "--framework", "--gbs",
-           "--gbs-tokens",
+PROBLEM = ["--adam-moments-dtype", "--calibration", "--cluster", "--config",
+           "--flash-attention", "--framework", "--gbs", "--gbs-tokens",
            "--grad-reduce-in-fp32", "--no-grad-reduce-in-fp32",
            "--model", "--moe-a2a-overlap", "--moe-dispatcher", "--no-flash-attention",
            "--ignore-calibration-mismatch", "--no-ignore-calibration-mismatch",

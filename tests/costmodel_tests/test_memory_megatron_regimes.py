@@ -92,3 +92,31 @@ def test_bf16_gradients_render_megatrons_flag() -> None:
     assert "--grad-reduce-in-bf16" in megatron_args(gpt3(grad_reduce_in_fp32=False),
                                                     layout(gpt3()))
     assert "--grad-reduce-in-bf16" not in megatron_args(gpt3(), layout(gpt3()))
+
+
+def test_bf16_adam_moments_worked_example() -> None:
+    """Megatron's precision-aware optimizer with --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16
+    keeps the fp32 master copy (4 B) and two 2-byte moments: 8 B per parameter instead of 12,
+    sharded alike; weights and gradients do not move. The flags are rendered with it."""
+    fp32 = estimate(gpt3(), layout(gpt3()), K).memory_parts
+    bf16_cfg = gpt3(adam_moments_dtype="bf16")
+    bf16 = estimate(bf16_cfg, layout(bf16_cfg), K).memory_parts
+    assert bf16["optimizer"] == pytest.approx(fp32["optimizer"] * 8 / 12, rel=1e-12)
+    assert bf16["weights"] == fp32["weights"] and bf16["gradients"] == fp32["gradients"]
+    args = megatron_args(bf16_cfg, layout(bf16_cfg))
+    assert "--use-precision-aware-optimizer" in args
+    assert args[args.index("--exp-avg-dtype") + 1] == "bf16"
+    assert "--exp-avg-dtype" not in megatron_args(gpt3(), layout(gpt3()))
+
+
+def test_nemotron4_340b_on_128_h100_fits() -> None:
+    """NVIDIA's DGX Cloud Benchmarking recipe ran Nemotron-4 340B on 128 H100 80 GB at tp8 pp8
+    vpp12, mbs 1, gbs 32, seq 4096, bf16, selective recompute, bf16 gradient sync and Apex Adam
+    states in bf16 (row dgxc2411_nemotron4_340b_bf16_128): it is predicted to fit (81.0 GiB
+    with fp32 moments)."""
+    row = next(r for r in read_rows() if r["row_id"] == "dgxc2411_nemotron4_340b_bf16_128")
+    run = published_run(row)
+    assert run.skip is None and run.cfg is not None
+    assert run.cfg.train.adam_moments_dtype == "bf16"
+    peaks = [estimate(run.cfg, lay, K).peak_memory_bytes for lay in run.layouts]
+    assert max(peaks) <= usable_gpu_bytes(run.cfg, K)

@@ -308,9 +308,14 @@ def _data_parallel_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
         args.append("--overlap-grad-reduce")
         if layout.zero >= 1:
             args.append("--overlap-param-gather")
+    moments = cfg.train.adam_moments_dtype
     if layout.offload == "optimizer":
         args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer",
                  "--optimizer-offload-fraction", "1.0"]
+    elif moments != "fp32":
+        args.append("--use-precision-aware-optimizer")
+    if moments != "fp32":
+        args += ["--exp-avg-dtype", moments, "--exp-avg-sq-dtype", moments]
     return args
 
 

@@ -185,16 +185,18 @@ class Megatron(Framework):
         shard: np.ndarray,
     ) -> dict[str, np.ndarray]:
         """16-bit weights, main gradients in the buffer's dtype (`grad_reduce_bytes`: 4 B fp32,
-        2 B with --grad-reduce-in-bf16), fp32 master + Adam moments (12 B); sharded over dp·cp
-        (experts: edp) by the distributed optimizer (zero 1) or Megatron-FSDP (2, 3)."""
+        2 B with --grad-reduce-in-bf16), fp32 master + Adam moments (12 B; 8 B with bf16
+        moments, `adam_moments_dtype`); sharded over dp·cp (experts: edp) by the distributed
+        optimizer (zero 1) or Megatron-FSDP (2, 3)."""
         n, z = shard, t.zero
         g = self.grad_reduce_bytes(cfg)
+        state = 4 + 2 * (4 if cfg.train.adam_moments_dtype == "fp32" else 2)
         weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
         grads = np.where(z >= 2, g * params / n + g * (z >= 3) * gathered, g * params)
-        optimizer = np.where(z >= 1, 12 * params / n, 12 * params)
+        optimizer = np.where(z >= 1, state * params / n, state * params)
         offloaded = t.offload >= 1
         optimizer = np.where(offloaded, 0.0, optimizer)
-        host = offloaded * 12 * params / n
+        host = offloaded * state * params / n
         return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
 
     def grad_bucket_params(
