@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 from typing import Any
 from typing import Literal
@@ -21,6 +22,16 @@ from autotune.specs.types import Framework
 from autotune.specs.types import Precision
 from autotune.specs.types import SeqLength
 from autotune.specs.types import Stack
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlyFor:
+    """Field metadata: the setting exists in one framework only (by its upstream flag); any
+    other framework must leave the field at its default."""
+
+    framework: Framework
+    flag: str
+    owner: str = "Megatron"
 
 
 class TrainSpec(BaseModel):
@@ -43,12 +54,13 @@ class TrainSpec(BaseModel):
     """Fused attention that never stores the s×s score matrix (FlashAttention / cuDNN)."""
     overlap_grad_reduce: StrictBool = True
     """Data-parallel gradient reduction overlaps the last backward pass."""
-    grad_reduce_in_fp32: StrictBool = True
+    grad_reduce_in_fp32: Annotated[StrictBool, OnlyFor("megatron", "--grad-reduce-in-bf16")] = True
     """Megatron keeps its gradient buffer, and reduces it over data parallelism, in fp32: the
     default of Megatron-LM's `arguments.py` for bf16; False is `--grad-reduce-in-bf16`, the
     setting of NeMo's and Megatron-Bridge's performance recipes (`scripts/performance`): a
     2-byte buffer and reduction."""
-    adam_moments_dtype: Literal["fp32", "bf16"] = "fp32"
+    adam_moments_dtype: Annotated[Literal["fp32", "bf16"],
+                                  OnlyFor("megatron", "--exp-avg-dtype")] = "fp32"
     """Dtype of Adam's two moments: fp32 (Megatron-LM's default: 4 + 4 + 4 B of fp32 master
     and moments per parameter), or bf16 (Megatron's `--use-precision-aware-optimizer
     --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16`: 4 + 2 + 2 B; NeMo 1.0's Apex distributed
@@ -57,31 +69,30 @@ class TrainSpec(BaseModel):
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives run in chunks under the GEMMs (Transformer Engine userbuffers:
     Megatron's `--tp-comm-overlap`, with sequence parallelism only)."""
-    moe_token_dispatcher: Literal["alltoall", "flex"] = "alltoall"
+    moe_token_dispatcher: Annotated[
+        Literal["alltoall", "flex"], OnlyFor("megatron", "--moe-token-dispatcher-type")
+    ] = "alltoall"
     """How MoE layers with ep > 1 move tokens to their experts (Megatron's
     `--moe-token-dispatcher-type`): alltoall, NCCL all-to-all of every top-k copy (Megatron's
     guide's choice for ep > 1); flex, DeepEP (`--moe-flex-dispatcher-backend deepep`), one copy
     per destination node over the network, forwarded over NVLink, which needs DeepEP installed
     on GPUs. ep = 1 always gathers (allgather)."""
-    moe_a2a_overlap: StrictBool = False
+    moe_a2a_overlap: Annotated[StrictBool,
+                               OnlyFor("megatron", "--overlap-moe-expert-parallel-comm")] = False
     """Megatron's EP all-to-all overlap (`--overlap-moe-expert-parallel-comm
     --delay-wgrad-compute`, off by default): a micro-batch's dispatch and combine run under
     another's forward and backward, on the layouts that allow it
     (`autotune.costmodel.expert_dispatch.a2a_overlap_runs`)."""
 
     @model_validator(mode="after")
-    def _check_moe_comm(self) -> TrainSpec:
-        if self.framework != "megatron" and self.moe_token_dispatcher != "alltoall":
-            raise ValueError(f"moe_token_dispatcher {self.moe_token_dispatcher!r} is Megatron's; "
-                             f"use alltoall with {self.framework}")
-        if self.framework != "megatron" and not self.grad_reduce_in_fp32:
-            raise ValueError("grad_reduce_in_fp32 false is Megatron's --grad-reduce-in-bf16; "
-                             f"set it true for {self.framework}")
-        if self.framework != "megatron" and self.adam_moments_dtype != "fp32":
-            raise ValueError("adam_moments_dtype bf16 is Megatron's --exp-avg-dtype bf16; "
-                             f"set it fp32 for {self.framework}")
-        if self.framework != "megatron" and self.moe_a2a_overlap:
-            raise ValueError(f"moe_a2a_overlap is Megatron's; set it false for {self.framework}")
+    def _check_framework_options(self) -> TrainSpec:
+        """A field marked `OnlyFor` another framework keeps its default."""
+        for name, field in type(self).model_fields.items():
+            only = next((m for m in field.metadata if isinstance(m, OnlyFor)), None)
+            value = getattr(self, name)
+            if only and only.framework != self.framework and value != field.default:
+                raise ValueError(f"{name} {value!r} is {only.owner}'s ({only.flag}); use "
+                                 f"{field.default!r} with {self.framework}")
         return self
 
     @property

@@ -62,7 +62,7 @@ def _cluster(tmp_path: Path, **changes: object) -> str:
          ("--moe-dispatcher 'deepep'", "alltoall", "flex")),
         (("space", "-m", "mixtral-8x7b", "-c", "dgx-h100:1", "--framework", "deepspeed",
           "--moe-dispatcher", "flex"), ("moe_token_dispatcher 'flex' is Megatron's",
-                                        "use alltoall with deepspeed")),
+                                        "use 'alltoall' with deepspeed")),
     ],
 )
 def test_usage_errors_exit_2_in_one_line(args: tuple[str, ...], fragments: tuple[str, ...]):

@@ -166,6 +166,6 @@ def test_deepspeed_refuses_megatron_dispatchers() -> None:
     with pytest.raises(ValidationError, match="moe_token_dispatcher 'flex' is Megatron's"):
         TrainSpec(seq_length=2048, global_batch_size=8, framework="deepspeed",
                   moe_token_dispatcher="flex")
-    with pytest.raises(ValidationError, match="moe_a2a_overlap is Megatron's"):
+    with pytest.raises(ValidationError, match="moe_a2a_overlap True is Megatron's"):
         TrainSpec(seq_length=2048, global_batch_size=8, framework="deepspeed",
                   moe_a2a_overlap=True)
