@@ -35,6 +35,7 @@ from autotune.layout import Layout
 from autotune.runners.local import LocalRunner
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
+from autotune.units import GIB
 from autotune.specs import AutotuneConfig
 from autotune.specs.inputs import load_config
 from autotune.trial import TrialPipeline
@@ -145,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['model']} | {r['layout']} | {r['status']} | {step:.3f} | "
               f"{float(r['cpu_wait_s']):.3f} | {calibrated:.3f} | "  # type: ignore[arg-type]
               f"{_pct(calibrated / step - 1 if ok else None)} | {plain:.3f} | "
-              f"{_pct(plain / step - 1 if ok else None)} | {peak / 2**30:.3f} | "
-              f"{predicted_peak / 2**30:.3f} | "
+              f"{_pct(plain / step - 1 if ok else None)} | {peak / GIB:.3f} | "
+              f"{predicted_peak / GIB:.3f} | "
               f"{_pct(predicted_peak / peak - 1 if ok and peak else None)} |")
     for label, predicted, measured in (("step time, calibrated", "calibrated_s", "measured_s"),
                                        ("step time, uncalibrated", "plain_s", "measured_s"),

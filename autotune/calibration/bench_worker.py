@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autotune.units import GIB
 from autotune.workloads.instruments import cpu_wait_s
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     if threads and not worker.cuda:
         torch.set_num_threads(threads)
     name = torch.cuda.get_device_name(worker.device) if worker.cuda else "cpu"
-    memory_gib = (torch.cuda.get_device_properties(worker.device).total_memory / 2**30
+    memory_gib = (torch.cuda.get_device_properties(worker.device).total_memory / GIB
                   if worker.cuda else 0.0)
     worker.write({"event": "start", "pid": os.getpid(), "host": worker.host,
                   "device": name if worker.cuda else f"cpu ({torch.get_num_threads()} threads)",
