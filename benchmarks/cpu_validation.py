@@ -35,10 +35,10 @@ from autotune.layout import Layout
 from autotune.runners.local import LocalRunner
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
-from autotune.units import GIB
 from autotune.specs import AutotuneConfig
 from autotune.specs.inputs import load_config
 from autotune.trial import TrialPipeline
+from autotune.units import GIB
 
 LAYOUTS = [
     "tp=1,pp=1,cp=1,zero=0,mbs=1", "tp=1,pp=1,cp=1,zero=0,mbs=4", "tp=1,pp=1,cp=1,zero=1,mbs=2",
