@@ -93,6 +93,12 @@ OPTIMIZER_BYTES_PER_PARAM = 38
 """Adam step on the GPU, bytes per parameter: read fp32 master, m, v and gradient (16), write
 master, m, v (12), write the 16-bit weight (2), gradient-norm read (4), gradient zeroing (4)."""
 
+UNFUSED_GRAD_ACCUMULATION_BYTES = 4
+"""Extra HBM bytes per parameter and micro-batch when weight-gradient accumulation is not
+fused into the GEMM: the GEMM writes a 2-byte gradient and an add kernel reads it (2 + 2) and
+reads and writes the fp32 main gradient (8), against the fused GEMM's read and write of the
+main gradient (8): 12 − 8 = 4 B."""
+
 
 def _tp_layer_s(cfg: AutotuneConfig, t: LayoutTable, linear_forward: np.ndarray,
                 column_backward: np.ndarray, k: Constants) -> np.ndarray:
@@ -301,9 +307,12 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> TimeEsti
     ) + np.where(t.offload == 2, micro * 2 * 2 * shard / pcie, 0.0)
     hbm = c.gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
     optimizer = np.where(t.offload >= 1, 0.0, OPTIMIZER_BYTES_PER_PARAM * shard / hbm)
+    # gradient accumulation outside the weight-gradient GEMMs: one more pass per micro-batch
+    unfused = framework.unfused_grad_accumulation(t) * (
+        UNFUSED_GRAD_ACCUMULATION_BYTES * params / hbm)
 
     parts = {
-        "compute": micro * compute_mb,
+        "compute": micro * (compute_mb + unfused),
         "tp_comm": micro * tp_mb,
         "cp_comm": micro * cp_mb,
         "pp_bubble": bubble,

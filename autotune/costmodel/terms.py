@@ -72,6 +72,8 @@ class FrameworkTerms(Protocol):
 
     def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int: ...
 
+    def unfused_grad_accumulation(self, t: LayoutTable) -> np.ndarray: ...
+
 
 _REGISTERED: dict[str, FrameworkTerms] = {}
 

@@ -189,6 +189,12 @@ class Framework(abc.ABC):
         """Bytes per gradient element in the data-parallel reduction."""
         return 2
 
+    def unfused_grad_accumulation(self, t: LayoutTable) -> np.ndarray:
+        """Rows whose weight gradients are accumulated by a separate kernel where the
+        framework's default layouts fuse it into the weight-gradient GEMM (none by default:
+        the fitted constants of a stack include its usual accumulation)."""
+        return np.zeros(len(t), dtype=bool)
+
     @abc.abstractmethod
     def render(
         self, cfg: AutotuneConfig, layout: Layout, options: RenderOptions

@@ -180,3 +180,23 @@ def test_no_top_layout_beats_the_best_published_runs() -> None:
     cfg = load_config("llama3-8b", "dgx-h100:1", seq_length=65536, global_batch_size=8)
     result = enumerate_layouts(cfg, load_space(None, "megatron"))
     assert np.max(result.estimates.mfu[:10]) < 0.55
+
+
+def test_megatron_fsdp_pays_for_unfused_gradient_accumulation() -> None:
+    """Oracle: Megatron-LM's `validate_args` requires `--no-gradient-accumulation-fusion` with
+    `--use-megatron-fsdp` (zero 2-3 here), so each micro-batch adds its 16-bit weight gradients
+    into the fp32 main gradients in a separate kernel: worked by hand, 4 extra HBM bytes per
+    parameter and micro-batch (2 written + 2 read + 8 read/written, against the fused GEMM's 8).
+    Llama 3 8B on 8 H100 at tp1 pp1: every rank holds all 8.03 B parameters; 64 sequences over
+    dp 8 at mbs 1 are 8 micro-batches."""
+    cfg = load_config("llama3-8b", "dgx-h100:1", seq_length=4096, global_batch_size=64)
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
+    fused = _evaluate(cfg, "tp=1,pp=1,cp=1,zero=1,mbs=1,recompute=none", k)
+    unfused = _evaluate(cfg, "tp=1,pp=1,cp=1,zero=2,mbs=1,recompute=none", k)
+    hbm = cfg.cluster.gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
+    extra = 8 * 4 * cfg.model.num_params() / hbm
+    assert _part(unfused, "compute") - _part(fused, "compute") == pytest.approx(extra, rel=1e-6)
+    deepspeed = cfg.model_copy(update={"train": cfg.train.model_copy(
+        update={"framework": "deepspeed", "stack": "megatron-core"})})
+    assert _part(_evaluate(deepspeed, "tp=1,pp=1,cp=1,zero=2,mbs=1,recompute=none", k),
+                 "compute") == pytest.approx(_part(fused, "compute"))

@@ -206,6 +206,14 @@ class Megatron(Framework):
         `bucket_size` (megatron/core/distributed/distributed_data_parallel.py)."""
         return np.maximum(40_000_000, 1_000_000 * t.shard_degree)
 
+    def unfused_grad_accumulation(self, t: LayoutTable) -> np.ndarray:
+        """Megatron-FSDP rows (zero 2-3): `validate_args` requires
+        `--no-gradient-accumulation-fusion` with `--use-megatron-fsdp`, so the weight-gradient
+        GEMMs write a 16-bit gradient that a second kernel adds into the fp32 `main_grad`
+        (instead of the GEMM accumulating into it: `fused_weight_gradient_mlp_cuda`)."""
+        unfused: np.ndarray = t.zero >= 2
+        return unfused
+
     def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int:
         """fp32: Megatron accumulates and reduces gradients in fp32 (`validate_args` for bf16),
         unless `grad_reduce_in_fp32` is off (--grad-reduce-in-bf16): 2 B."""
