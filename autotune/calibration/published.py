@@ -422,21 +422,10 @@ def open_dimensions(layouts: tuple[Layout, ...]) -> set[str]:
 
 
 def label(layout: Layout, open_dims: AbstractSet[str] = frozenset()) -> str:
-    """A compact layout label, '*' after each dimension the model chose (`open_dims`)."""
-
-    def mark(dim: str, text: str) -> str:
-        return text + ("*" if dim in open_dims else "")
-
-    rc = {"none": "rn", "selective": "rs", "full": "rf"}[layout.recompute]
-    parts = [f"tp{layout.tp}", f"pp{layout.pp}", f"dp{layout.dp}"]
-    parts += [f"cp{layout.cp}"] if layout.cp > 1 else []
-    parts += [mark("vpp", f"v{layout.vpp}"), mark("zero", f"z{layout.zero}"),
-              mark("mbs", f"mb{layout.mbs}"), mark("recompute", rc)]
-    if layout.offload != "none":
-        parts.append(f"off-{layout.offload}")
-    if layout.sp or "sp" in open_dims:
-        parts.append(mark("sp", "sp" if layout.sp else "nosp"))
-    return " ".join(parts)
+    """The layout's `--layout` text (`Layout.text`), with '*' after each dimension the source
+    left open and the model chose (`open_dims`)."""
+    fields = (item.partition("=") for item in layout.text.split(","))
+    return ",".join(f"{k}={v}{'*' if k in open_dims else ''}" for k, _, v in fields)
 
 
 def published_runs(path: str | Path = PUBLISHED_RUNS) -> list[PublishedRun]:

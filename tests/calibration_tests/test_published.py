@@ -13,10 +13,12 @@ from autotune.calibration.fit import published_points
 from autotune.calibration.published import CONVENTIONS
 from autotune.calibration.published import PUBLISHED_RUNS
 from autotune.calibration.published import candidates
+from autotune.calibration.published import label
 from autotune.calibration.published import measured_step_s
 from autotune.calibration.published import megatron_causal_flops
 from autotune.calibration.published import megatron_noncausal_flops
 from autotune.calibration.published import model_spec
+from autotune.calibration.published import open_dimensions
 from autotune.calibration.published import palm_flops
 from autotune.calibration.published import problem
 from autotune.calibration.published import published_flops
@@ -244,3 +246,23 @@ def test_torchtitan_per_op_checkpointing_is_not_megatron_selective() -> None:
     assert {row["source_id"] for row in rows} == {"torchtitan"}
     assert len(rows) == 5
     assert all("selective-op" in published_run(row).skip for row in rows)
+
+
+def test_benchmark_labels_are_the_layout_text_users_type() -> None:
+    """Oracle: `Layout.parse`, the reader of `--layout`: every candidate of a published run
+    whose settings are open is labelled in the one notation, its open dimensions starred, and
+    the label without its stars parses back to the same layout."""
+    from autotune.frameworks import framework_of
+    from autotune.layout import Layout
+
+    runs = [published_run(row) for row in read_rows(PUBLISHED_RUNS)]
+    run = next(r for r in runs if len(open_dimensions(r.layouts)) >= 2)
+    cfg = problem(run.row)
+    opened = open_dimensions(run.layouts)
+    for layout in run.layouts:
+        text = label(layout, opened)
+        starred = {item.split("=")[0] for item in text.split(",") if item.endswith("*")}
+        assert starred == opened
+        back = Layout.parse(text.replace("*", ""), cfg.world_size,
+                            cfg.train.global_batch_size, framework_of(cfg))
+        assert back == layout
