@@ -296,7 +296,7 @@ def main() -> None:
                 peer[p.name] = step
     if args.fit:
         console.print(f"wrote {write_constants(fits, intervals(points, cv))}")
-    folds = Counter(g for g in {(fit_source(p), p.source) for p in points})
+    folds = Counter(g for g, _ in {(fit_source(p), p.source) for p in points})
 
     table = Table(title="Published vs predicted TFLOP/s per GPU (autotune's convention: "
                         "Megatron-Core causal model FLOPs); CV = source left out of the fit "
