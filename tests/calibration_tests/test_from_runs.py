@@ -67,9 +67,9 @@ def test_noisy_refit_is_as_close_as_its_runs_identify_and_predicts_new_layouts()
     120 random layouts of llama3-8b on 4 H100 nodes it is about 1.4 % (1σ) for gemm_efficiency,
     2.1 % for elementwise_passes, 1.9 % for comm_efficiency and 6.2 % for gemm_half_size (with
     the H100 + Megatron-Core constants fitted on NVIDIA's stated runs), so no fit reproduces all
-    four within 2 %, and gemm_efficiency itself lands 2.0 % off with this noise draw. Each refitted constant lies within 3 of its reported standard errors of the
-    truth, the errors are that bound (not 0, not many times it), and the refit predicts 60
-    layouts it never saw within 0.5 % median, 2 % max, of their true step time (0.14 % and
+    four within 2 %, and gemm_efficiency itself lands 2.0 % off with this noise draw. Each
+    refitted constant lies within 3 of its reported standard errors of the truth, the errors
+    are that bound (not 0, not many times it), and the refit predicts 60 layouts it never saw within 0.5 % median, 2 % max, of their true step time (0.14 % and
     0.52 % measured): the constants trade off, the predictions do not."""
     cfg = load_config("llama3-8b", "dgx-h100:4")
     layouts, _, noisy = _runs(0.02)
