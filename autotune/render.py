@@ -34,7 +34,6 @@ from autotune.frameworks import framework_of
 from autotune.frameworks.base import MEGATRON_LM
 from autotune.frameworks.base import TRIAL_ITERS
 from autotune.frameworks.base import RenderOptions
-from autotune.frameworks.deepspeed import BUILTIN
 from autotune.frameworks.deepspeed import BUILTIN_LAUNCH
 from autotune.frameworks.deepspeed import TrainProgram
 from autotune.frameworks.deepspeed import config as deepspeed_config
@@ -262,8 +261,8 @@ def write_artifacts(
     if not cfg.cluster.cpu_processes:  # the manifests ask for GPUs
         files.update(manifests(cfg, layout, _render_options(
             cfg, layout, program=program, megatron_lm=megatron_lm, trial=trial)))
-    builtin = (cfg.train.framework == "deepspeed" and cfg.job.train_script == BUILTIN
-               and program is None)
+    resolved = program or job_program(cfg.job.train_script)
+    builtin = framework_of(cfg).runs_train_script and resolved is not None and resolved.builtin
     if builtin:
         files[PROBLEM_FILE] = problem_text(cfg)  # what the built-in program reads
     predicted = estimate if estimate is not None else estimate_layout(cfg, layout)

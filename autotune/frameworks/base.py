@@ -143,6 +143,9 @@ class Framework(abc.ABC):
     under the next forward (Megatron's --overlap-param-gather) instead of after the step."""
     tp_may_exceed_query_groups: ClassVar[bool] = False
     """tp may be a multiple of the key/value heads (they are then replicated)."""
+    runs_train_script: ClassVar[bool] = False
+    """Its launch scripts run a training program the user names (`JobSpec.train_script`, or
+    autotune's built-in one), rather than the framework's own entry point."""
     trains_on_cpu: ClassVar[bool] = False
     """Its trial programs run on CPU processes (gloo) as well as on GPUs."""
     checkout_env: ClassVar[str | None] = None

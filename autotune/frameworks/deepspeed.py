@@ -218,6 +218,7 @@ class DeepSpeed(Framework):
     artifacts = ("ds_config.json", "launch_deepspeed.sh", "hostfile", "sbatch.sh")
     default_zero = 0
     context_parallel = "all_to_all"
+    runs_train_script = True
     zero2_reduces_every_microbatch = True
     trains_on_cpu = True
     rules: ClassVar[tuple[Rule, ...]] = tuple(DEEPSPEED_RULES)
