@@ -48,9 +48,10 @@ def _environment(cfg: AutotuneConfig, layout: Layout, options: RenderOptions) ->
     env = {"GPUS_PER_NODE": str(cfg.cluster.gpus_per_node),
            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-    if cfg.train.framework == "megatron":
-        env["MEGATRON_LM"] = options.megatron_lm
-    else:
+    bundle = framework_of(cfg)
+    if bundle.checkout_env is not None:  # the framework's checkout that runs the scripts
+        env[bundle.checkout_env] = options.megatron_lm
+    if bundle.runs_train_script:
         program = options.program
         env["TRAIN_SCRIPT"] = program.script if program is not None else "train.py"
         env["DEEPSPEED_TIMEOUT"] = str(resolve_recipe(cfg).distributed_timeout_minutes)
