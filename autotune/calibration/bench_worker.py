@@ -11,7 +11,10 @@ elementwise and copy sizes, collective message and group sizes. Every worker tim
 kernels, all at once as in training; then the group runs each collective (the slowest rank's
 time counts, as in nccl-tests) and every link of a ring sends alone. Each worker appends its
 points to `DIR/rank-<r>.jsonl` as it goes (a lost worker leaves what it measured) and ends with
-a `done` record. Under Slurm the rank comes from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID.
+a `done` record. Under Slurm (`autotune.calibration.slurm_bench`) the rank comes from
+SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID and the host name from SLURMD_NODENAME. The start
+record carries the worker's software stack (what the calibration file records) and its Slurm
+job id.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autotune.calibration.file import software_stack
 from autotune.units import GIB
 from autotune.workloads.instruments import cpu_wait_s
 
@@ -47,11 +51,13 @@ class Worker:
         self.local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0")))
         env.setdefault("RANK", str(self.rank))  # what init_process_group reads
         env.setdefault("WORLD_SIZE", str(self.world))
-        self.host = socket.gethostname()
+        self.host = env.get("SLURMD_NODENAME") or socket.gethostname()  # Slurm's node name
         self.cuda = torch.cuda.is_available()
+        # a task that Slurm bound to its own GPU sees that one only
+        index = self.local % torch.cuda.device_count() if self.cuda else 0
         if self.cuda:
-            torch.cuda.set_device(self.local)
-        self.device = torch.device("cuda", self.local) if self.cuda else torch.device("cpu")
+            torch.cuda.set_device(index)
+        self.device = torch.device("cuda", index) if self.cuda else torch.device("cpu")
         self.file = (out / f"rank-{self.rank}.jsonl").open("a")
 
     def write(self, record: dict[str, Any]) -> None:
@@ -243,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
                   if worker.cuda else 0.0)
     worker.write({"event": "start", "pid": os.getpid(), "host": worker.host,
                   "device": name if worker.cuda else f"cpu ({torch.get_num_threads()} threads)",
-                  "memory_gib": memory_gib})
+                  "memory_gib": memory_gib, "slurm_job": os.environ.get("SLURM_JOB_ID"),
+                  "software": software_stack().model_dump()})
     torch.manual_seed(worker.rank)
     gemms(worker, plan)
     attention(worker, plan)

@@ -20,16 +20,24 @@ from pathlib import Path
 from typing import Any
 
 from autotune.calibration.file import Calibration
+from autotune.calibration.file import Device
+from autotune.calibration.file import Point
+from autotune.calibration.file import Software
 from autotune.calibration.file import software_stack
+from autotune.calibration.file import stack_mismatch
 from autotune.calibration.kernel_fit import SCREEN_MARGIN
 from autotune.calibration.kernel_fit import fit_kernels
 from autotune.calibration.kernel_fit import measured_figures
 from autotune.calibration.kernel_fit import screen
+from autotune.calibration.kernel_fit import spans_nodes
 from autotune.calibration.microbench import WorkerLost
 from autotune.calibration.microbench import bench_plan
 from autotune.calibration.microbench import run_local
+from autotune.calibration.microbench import worker_stacks
+from autotune.calibration.slurm_bench import run_slurm
 from autotune.costmodel.constants import constants_for
 from autotune.layout import LayoutTable
+from autotune.runners.slurm import SlurmSettings
 from autotune.specs import AutotuneConfig
 from autotune.specs import GPUSpec
 
@@ -56,48 +64,99 @@ def calibrate_cluster(
     plan: Mapping[str, Any] | None = None,
     timeout_s: float = 600.0,
     on_progress: Callable[[int], None] | None = None,
+    slurm: SlurmSettings | None = None,
+    on_state: Callable[[str], None] | None = None,
 ) -> Calibration:
     """Microbenchmark the cluster's devices for `cfg`'s candidate `layouts` and fit.
 
     Args:
-        cfg: The problem (its cluster: `local` CPU workers or this machine's GPUs).
+        cfg: The problem (its cluster: `local` CPU workers or this machine's GPUs; through
+            Slurm, its nodes and GPUs per node).
         layouts: Candidate layouts whose GEMM and attention shapes are timed.
-        out: Folder for the workers' plan, records and logs.
+        out: Folder for the workers' plan, records and logs (shared with the nodes, for Slurm).
         margin: Screening margin below the peers' median that names a worker or link slow.
-        threads: torch threads per CPU worker (default: cores / workers).
-        worker_env: Extra environment of single workers by rank.
+        threads: torch threads per CPU worker (default: cores / workers; Slurm: 1).
+        worker_env: Extra environment of single workers by rank (this machine only).
         budget_s: Time spent repeating each kernel.
         plan: What to time (default: `bench_plan(cfg, layouts, budget_s=budget_s)`).
-        timeout_s: Limit of the whole run.
+        timeout_s: Limit of the whole run (Slurm: from the job's start).
         on_progress: Called with the points measured so far.
+        slurm: Run the workers as one Slurm job with these sbatch settings
+            (`autotune.calibration.slurm_bench`) instead of on this machine.
+        on_state: Slurm only: called with the job's id and state once per poll.
 
     Returns:
         The calibration; incomplete (`complete` False, `failure` naming the worker) when a
         worker was lost.
     """
-    workers = cfg.cluster.gpus_per_node
     plan = plan or bench_plan(cfg, layouts, budget_s=budget_s)
-    created, software = _now(), software_stack()
+    created, job_id = _now(), None
     try:
-        points, devices = run_local(plan, workers, out, threads=threads, worker_env=worker_env,
-                                    timeout_s=timeout_s, on_progress=on_progress)
+        if slurm is None:
+            points, devices = run_local(plan, cfg.cluster.gpus_per_node, out, threads=threads,
+                                        worker_env=worker_env, timeout_s=timeout_s,
+                                        on_progress=on_progress)
+        else:
+            points, devices, job_id = run_slurm(plan, cfg, out, slurm, threads=threads,
+                                                timeout_s=timeout_s, on_progress=on_progress,
+                                                on_state=on_state)
     except WorkerLost as lost:
         return Calibration(created=created, source="microbenchmarks", cluster=cfg.cluster.name,
-                           software=software, complete=False, failure=str(lost),
-                           gpu=_plain(cfg.cluster.gpu), devices=lost.devices,
-                           points=lost.points)
+                           software=_software(out), job_id=lost.job_id, complete=False,
+                           failure=str(lost), gpu=_plain(cfg.cluster.gpu),
+                           devices=lost.devices, points=lost.points)
     measured = measured_figures(cfg, points)
     base = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     fitted, predicted = fit_kernels(measured, points, base)
     screening = screen(points, {d.rank: d.host for d in devices}, margin)
-    links = measured.cluster.intra_node_gb_s if cfg.cluster.cpu_processes else None
+    cpu = cfg.cluster.cpu_processes
     calibration = Calibration(created=created, source="microbenchmarks",
-                              cluster=cfg.cluster.name, software=software,
-                              gpu=_plain(measured.cluster.gpu), intra_node_gb_s=links,
-                              devices=devices, points=predicted, constants=fitted,
-                              screening=screening)
-    warnings = bound_warnings(calibration) + screening.slow()
+                              cluster=cfg.cluster.name, software=_software(out), job_id=job_id,
+                              gpu=_plain(measured.cluster.gpu),
+                              intra_node_gb_s=measured.cluster.intra_node_gb_s if cpu else None,
+                              inter_node_gb_s=_measured_inter(measured, points) if cpu else None,
+                              nodes=len({d.host for d in devices}) or 1,
+                              not_measured=not_measured(devices), devices=devices,
+                              points=predicted, constants=fitted, screening=screening)
+    warnings = bound_warnings(calibration) + screening.slow() + stack_warnings(out)
     return calibration.model_copy(update={"warnings": warnings})
+
+
+def not_measured(devices: list[Device]) -> list[str]:
+    """What a run on these workers cannot measure: links between nodes on one node,
+    collectives with one worker."""
+    lines = []
+    if len(devices) < 2:
+        lines.append("collectives and links not measured: 1 worker")
+    if len({d.host for d in devices}) < 2:
+        lines.append("inter-node links not measured: 1 node (comm_efficiency and "
+                     "latency_inter_s keep the preset's values)")
+    return lines
+
+
+def _measured_inter(cfg: AutotuneConfig, points: list[Point]) -> float | None:
+    """The inter-node link figure the workers measured (None: no link between nodes)."""
+    across = any(spans_nodes(cfg, p.ranks) for p in points if p.kind in ("collective", "send"))
+    return cfg.cluster.inter_node_gb_s if across else None
+
+
+def _software(out: Path) -> Software:
+    """The workers' software stack (rank 0's host), else this process's."""
+    stacks = worker_stacks(out)
+    return next(iter(stacks.values())) if stacks else software_stack()
+
+
+def stack_warnings(out: Path) -> list[str]:
+    """One line per host whose workers ran another software stack than rank 0's host."""
+    stacks = list(worker_stacks(out).items())
+    lines = []
+    for host, stack in stacks[1:]:
+        mismatch = stack_mismatch(stacks[0][1], stack)
+        if mismatch:
+            first = stacks[0][0]
+            lines.append(f"workers on {host} run other software than on {first}: " + mismatch
+                         .replace(" in the file", f" on {first}").replace(" here", f" on {host}"))
+    return lines
 
 
 def _plain(gpu: GPUSpec) -> GPUSpec:

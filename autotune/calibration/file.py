@@ -134,6 +134,8 @@ class WorkerRate(BaseModel):
     """GEMM FLOP/s, or the link's bytes/s."""
     relative: float
     """Rate over the median of its peers."""
+    across_nodes: bool = False
+    """A link between two nodes (its peers are the other links between nodes)."""
 
 
 class Screening(BaseModel):
@@ -161,8 +163,9 @@ class Screening(BaseModel):
         for link in self.links:
             if link.relative < 1 - self.margin:
                 lines.append(
-                    f"link {link.ranks[0]}->{link.ranks[1]} from {link.host or '?'}: "
-                    f"{link.rate / 1e9:.3g} GB/s, {1 - link.relative:.0%} below the median link"
+                    f"link {link.ranks[0]}->{link.ranks[1]} from {link.host or '?'}"
+                    f"{' (across nodes)' if link.across_nodes else ''}: {link.rate / 1e9:.3g} "
+                    f"GB/s, {1 - link.relative:.0%} below the median of its peers"
                 )
         return lines
 
@@ -193,7 +196,14 @@ class Calibration(BaseModel):
     inter_node_gb_s: float | None = None
     """Measured link figure between nodes (CPU workers only)."""
     software: Software
-    """The software stack it was measured with (and applies to)."""
+    """The software stack it was measured with (and applies to): the workers' (rank 0's)."""
+    job_id: str | None = None
+    """The Slurm job that ran the workers (`calibrate --runner slurm`); None: this machine."""
+    nodes: int = Field(default=1, ge=1)
+    """Nodes the workers ran on (distinct hosts)."""
+    not_measured: list[str] = Field(default_factory=list)
+    """What the run could not measure, e.g. `inter-node links not measured: 1 node` (those
+    constants keep the preset's values)."""
     framework: str | None = None
     """The framework whose runs it was fitted to (own runs); None for microbenchmarks."""
     devices: list[Device] = Field(default_factory=list)

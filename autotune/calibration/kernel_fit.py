@@ -126,7 +126,7 @@ def measured_figures(cfg: AutotuneConfig, points: Sequence[Point]) -> AutotuneCo
     precision = cfg.train.precision
     gemm = [p.rate for p in points if p.kind == "gemm" and p.dtype == precision]
     memory = [p.rate for p in points if p.kind == "elementwise"]
-    link = [p.rate for p in points if p.kind in ("collective", "send")]
+    links = [p for p in points if p.kind in ("collective", "send")]
     gpu = cfg.cluster.gpu
     update: dict[str, Any] = {}
     if gemm:
@@ -134,9 +134,17 @@ def measured_figures(cfg: AutotuneConfig, points: Sequence[Point]) -> AutotuneCo
     if memory:
         update["hbm_tb_s"] = max(memory) / 1e12
     cluster: dict[str, Any] = {"gpu": gpu.model_copy(update=update)}
-    if link:
-        cluster["intra_node_gb_s"] = max(link) / 1e9
+    for name, across in (("intra_node_gb_s", False), ("inter_node_gb_s", True)):
+        rates = [p.rate for p in links if spans_nodes(cfg, p.ranks) == across]
+        if rates:
+            cluster[name] = max(rates) / 1e9
     return cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update=cluster)})
+
+
+def spans_nodes(cfg: AutotuneConfig, ranks: Sequence[int]) -> bool:
+    """Whether the ranks sit on more than one node (ranks numbered node by node, as the
+    workers are started)."""
+    return len({r // cfg.cluster.gpus_per_node for r in ranks}) > 1
 
 
 def fit_kernels(cfg: AutotuneConfig, points: Sequence[Point], base: Constants
@@ -205,8 +213,7 @@ def comm_seconds(cfg: AutotuneConfig, points: Sequence[Point], k: Constants) -> 
         nbytes = np.array([float(p.shape["bytes"])])
         ranks = np.array([float(len(p.ranks))])
         if p.kind == "send":
-            node = [r // cfg.cluster.gpus_per_node for r in p.ranks]
-            times.append(send_s(nbytes, np.array([node[0] != node[-1]]), cfg, k)[0])
+            times.append(send_s(nbytes, np.array([spans_nodes(cfg, p.ranks)]), cfg, k)[0])
         elif p.op == "all_to_all":
             times.append(all_to_all_s(nbytes, ranks, per_node, cfg, k)[0])
         else:
@@ -214,11 +221,13 @@ def comm_seconds(cfg: AutotuneConfig, points: Sequence[Point], k: Constants) -> 
     return np.array(times, dtype=float)
 
 
-def _relative(rates: dict[tuple[int, ...], float]) -> dict[tuple[int, ...], float]:
-    """Each rate over the median of the others (its peers)."""
+def _relative(rates: dict[tuple[int, ...], float],
+              kind: Callable[[tuple[int, ...]], object] = lambda key: None
+              ) -> dict[tuple[int, ...], float]:
+    """Each rate over the median of the others of its `kind` (its peers)."""
     out = {}
     for key, rate in rates.items():
-        peers = [r for other, r in rates.items() if other != key]
+        peers = [r for other, r in rates.items() if other != key and kind(other) == kind(key)]
         out[key] = rate / statistics.median(peers) if peers else 1.0
     return out
 
@@ -226,7 +235,8 @@ def _relative(rates: dict[tuple[int, ...], float]) -> dict[tuple[int, ...], floa
 def screen(points: Sequence[Point], hosts: dict[int, str],
            margin: float = SCREEN_MARGIN) -> Screening:
     """Per-worker GEMM rate (median of the three largest shapes every worker ran), per-link
-    send bandwidth at the largest message; each relative to the median of its peers."""
+    send bandwidth at the largest message; each relative to the median of its peers (a link
+    between nodes: of the other links between nodes)."""
     gemm: dict[int, dict[tuple[int, ...], float]] = defaultdict(dict)
     for p in points:
         if p.kind == "gemm":
@@ -246,7 +256,11 @@ def screen(points: Sequence[Point], hosts: dict[int, str],
     if sends:
         biggest = max(p.shape["bytes"] for p in sends)
         rates = {tuple(p.ranks): p.rate for p in sends if p.shape["bytes"] == biggest}
+
+        def across(key: tuple[int, ...]) -> bool:  # links between nodes have their own peers
+            return len({hosts.get(r, "") for r in key}) > 1
+
         links = [WorkerRate(ranks=list(key), host=hosts.get(key[0], ""), rate=rate,
-                            relative=rel) for (key, rate), rel
-                 in zip(rates.items(), _relative(rates).values(), strict=True)]
+                            relative=rel, across_nodes=across(key)) for (key, rate), rel
+                 in zip(rates.items(), _relative(rates, across).values(), strict=True)]
     return Screening(margin=margin, workers=workers, links=links)

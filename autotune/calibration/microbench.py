@@ -31,6 +31,7 @@ import numpy as np
 
 from autotune.calibration.file import Device
 from autotune.calibration.file import Point
+from autotune.calibration.file import Software
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.kernels import layer_gemms
 from autotune.exceptions import AutotuneError
@@ -50,11 +51,13 @@ SQUARES_GPU = (512, 1024, 2048, 4096, 8192)
 
 
 class WorkerLost(AutotuneError):
-    """A calibration worker died; the message names it, the points measured so far are kept."""
+    """A calibration worker died; the message names it, the points measured so far are kept
+    (`job_id`: the Slurm job that ran the workers, if any)."""
 
-    def __init__(self, message: str, points: list[Point], devices: list[Device]) -> None:
+    def __init__(self, message: str, points: list[Point], devices: list[Device],
+                 job_id: str | None = None) -> None:
         super().__init__(message)
-        self.points, self.devices = points, devices
+        self.points, self.devices, self.job_id = points, devices, job_id
 
 
 def _spread(shapes: list[tuple[int, int, int]], most: int) -> list[tuple[int, int, int]]:
@@ -134,12 +137,60 @@ def read_points(out: Path) -> tuple[list[Point], list[Device], dict[int, dict[st
     return points, devices, last
 
 
+def prepare_folder(plan: Mapping[str, Any], out: Path) -> None:
+    """`out` with the plan (plan.json) and without an earlier run's records and exit files."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in [*out.glob("rank-*.jsonl"), *out.glob("exit-*")]:
+        old.unlink()
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+
+
 def _phase(last: Mapping[str, Any] | None) -> str:
     if not last:
         return "before its first record"
     if last.get("event") == "start":
         return "after start, in its first GEMMs"
     return f"after its {last.get('kind', '?')} {last.get('op', '')} measurements"
+
+
+def exit_text(code: int) -> str:
+    """How a process ended from its return code (negative: the signal that killed it)."""
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+
+
+def lost_worker(rank: int, pid: int | None, how: str, out: Path) -> str:
+    """The line naming a lost worker: rank, pid and host (from its start record), how it ended,
+    the phase it was in, the points kept and its log."""
+    points, devices, last = read_points(out)
+    host = next((d.host for d in devices if d.rank == rank), "an unknown host")
+    pid = pid if pid is not None else _started(out, rank).get("pid")
+    return (f"calibrate: worker {rank} (pid {pid if pid is not None else '?'} on {host}) {how} "
+            f"{_phase(last.get(rank))}; {len(points)} points kept in {out} "
+            f"(its log: {out / f'rank-{rank}.log'})")
+
+
+def worker_stacks(out: Path) -> dict[str, Software]:
+    """The software stack each host's workers reported (their start records), by host, in rank
+    order."""
+    stacks: dict[str, Software] = {}
+    for rank in sorted(int(p.stem.removeprefix("rank-")) for p in out.glob("rank-*.jsonl")):
+        record = _started(out, rank)
+        if "software" in record:
+            stacks.setdefault(str(record.get("host", "")), Software(**record["software"]))
+    return stacks
+
+
+def _started(out: Path, rank: int) -> dict[str, Any]:
+    """The start record of `rank`, or {}."""
+    path = out / f"rank-{rank}.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("event") == "start":
+            return dict(record)
+    return {}
 
 
 def run_local(
@@ -166,10 +217,7 @@ def run_local(
     Raises:
         WorkerLost: a worker exited with an error or the run timed out (the points are kept).
     """
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("rank-*.jsonl"):
-        old.unlink()
-    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    prepare_folder(plan, out)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     port = str(free_port())
     root = package_root()
@@ -208,17 +256,12 @@ def run_local(
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-    points, devices, last = read_points(out)
+    points, devices, _ = read_points(out)
     if lost is None:
         return points, devices
     rank, proc = lost
     if proc is None:
         raise WorkerLost(f"calibrate: the workers did not finish within {timeout_s:.0f} s; "
                          f"{len(points)} points kept in {out}", points, devices)
-    code = proc.returncode or 0
-    how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
-    host = next((d.host for d in devices if d.rank == rank), "this host")
-    raise WorkerLost(
-        f"calibrate: worker {rank} (pid {proc.pid} on {host}) {how} {_phase(last.get(rank))}; "
-        f"{len(points)} points kept in {out} (its log: {out / f'rank-{rank}.log'})",
-        points, devices)
+    raise WorkerLost(lost_worker(rank, proc.pid, exit_text(proc.returncode or 0), out),
+                     points, devices)

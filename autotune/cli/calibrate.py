@@ -17,14 +17,18 @@ from autotune.calibration.file import Calibration
 from autotune.calibration.from_runs import calibrate_from_runs
 from autotune.calibration.from_runs import runs_from_file
 from autotune.calibration.kernel_fit import SCREEN_MARGIN
+from autotune.calibration.slurm_bench import check_partition
 from autotune.cli.app import PROBLEM_OPTIONS
 from autotune.cli.app import _failed
+from autotune.cli.app import _parsed
 from autotune.cli.app import _problem
 from autotune.cli.app import app
 from autotune.cli.app import console
+from autotune.cli.options import SLURM_JOB
 from autotune.cli.options import with_options
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
+from autotune.runners.slurm import SlurmSettings
 from autotune.space.search_space import enumerate_layouts
 from autotune.space.search_space import load_space
 from autotune.specs import AutotuneConfig
@@ -56,10 +60,13 @@ def runs_from_study(directory: Path) -> tuple[AutotuneConfig, list[tuple[Layout,
 
 
 @app.command()
-@with_options(*PROBLEM_OPTIONS)
+@with_options(*PROBLEM_OPTIONS, SLURM_JOB)
 def calibrate(
     out: Annotated[Path, typer.Option(help="The calibration file to write (YAML).")] = Path(
         "calibration.yaml"),
+    runner: Annotated[str, typer.Option(
+        help="local: this machine's GPUs or CPU workers; slurm: one Slurm job over the "
+        "cluster's nodes (the folder next to --out must be shared with them).")] = "local",
     from_runs: Annotated[Path | None, typer.Option(
         help="Refit to own runs instead: a CSV/JSON of layout,step_time_s or a tune folder.")
     ] = None,
@@ -69,11 +76,17 @@ def calibrate(
     *,
     config: dict[str, Any],
 ) -> None:
-    """Microbenchmark this machine's GPUs (or CPU workers on gloo) for the model's layouts, fit
-    the cost model's constants, screen for slow workers, and write a calibration file."""
+    """Microbenchmark the cluster's GPUs (or CPU workers on gloo) for the model's layouts, here
+    or through Slurm, fit the cost model's constants, screen for slow workers, and write a
+    calibration file."""
     if not 0 < margin < 1:
         raise AutotuneError(f"--margin: {margin} must be between 0 and 1, e.g. 0.2")
+    if runner not in ("local", "slurm"):
+        raise AutotuneError(f"--runner: {runner} does not calibrate; use local or slurm")
     problem = _problem(config)
+    slurm = _parsed(SlurmSettings, dict(config.get("runner") or {}), (SLURM_JOB,), ("runner",))
+    if slurm.given() and runner != "slurm":
+        raise AutotuneError(f"{', '.join(slurm.given())}: only for --runner slurm")
     started = time.monotonic()
     if from_runs is not None:
         if from_runs.is_dir():
@@ -84,16 +97,21 @@ def calibrate(
         calibration = calibrate_from_runs(cfg, runs, str(from_runs))
     else:
         cfg = problem.load("deepspeed" if problem.cluster == "local" else "megatron")
-        if cfg.cluster.nodes > 1:
+        if cfg.cluster.nodes > 1 and runner == "local":
             raise AutotuneError(
-                f"--cluster {problem.cluster}: calibrate measures this machine's devices; use "
-                "--cluster local (runs across nodes are not supported yet)")
+                f"--cluster {problem.cluster}: {cfg.cluster.nodes} nodes; --runner local "
+                "measures this machine only: use --runner slurm (or --cluster local)")
+        if runner == "slurm":
+            check_partition(cfg, slurm)
         layouts = enumerate_layouts(cfg, load_space(problem.space, cfg.train.framework))
         with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("microbenchmarks (points measured)", total=None)
+            what = "microbenchmarks (points measured)"
+            task = progress.add_task(what, total=None)
             calibration = calibrate_cluster(
                 cfg, layouts.feasible, out.with_suffix(".d"), margin=margin,
-                on_progress=lambda n: progress.update(task, completed=n))
+                slurm=slurm if runner == "slurm" else None,
+                on_progress=lambda n: progress.update(task, completed=n),
+                on_state=lambda state: progress.update(task, description=f"{what}, {state}"))
     calibration.write(out)
     if not calibration.complete:
         _failed(f"{calibration.failure}; the points are in {out}")
@@ -104,5 +122,10 @@ def calibrate(
                           f"{worker.rate / 1e12:.3g} TFLOP/s ({worker.relative:.0%} of peers)")
     for warning in calibration.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
+    for line in calibration.not_measured:
+        console.print(f"note: {line}")
+    if calibration.job_id:
+        console.print(f"measured by Slurm job {calibration.job_id} on {calibration.nodes} "
+                      f"node(s), {len(calibration.devices)} workers")
     console.print(f"wrote {out} in {time.monotonic() - started:.0f} s; use it with "
                   f"--calibration {out}")

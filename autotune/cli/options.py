@@ -28,7 +28,9 @@ from pydantic_core import PydanticUndefined
 from autotune.exceptions import AutotuneError
 from autotune.run import Problem
 from autotune.run import ScaleSettings
+from autotune.runners.base import ProgramOptions
 from autotune.runners.factory import RunnerSettings
+from autotune.runners.slurm import SlurmSettings
 from autotune.search.settings import TuneSettings
 from autotune.specs.inputs import read_structured
 from autotune.specs.recipe import JobSpec
@@ -79,6 +81,10 @@ JOB = Section(("problem", "job"), JobSpec, skip=("container_mounts",))
 RUNNER = Section(("runner",), RunnerSettings,
                  {name: (flag,) for name, flag in RunnerSettings.option_flags().items()})
 """Every runner's settings (each runner declares its own model; `RunnerSettings` joins them)."""
+SLURM_JOB = Section(("runner",), SlurmSettings, {"slurm_opts": ("--slurm-opt",)},
+                   skip=tuple(ProgramOptions.model_fields))
+"""The Slurm runner's job options alone (partition, account, time limit, sbatch options):
+calibrate's one job."""
 TUNE = Section(("tune",), TuneSettings,
                skip=("warm_start", "explore_every", "pruner_tolerance", "render"))
 SCALE = Section(("scale",), ScaleSettings, {"layout": ("--layout", "-l")})

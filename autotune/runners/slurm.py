@@ -154,11 +154,11 @@ class SlurmSettings(ProgramOptions):
     """What the Slurm runner reads."""
 
     partition: str | None = None
-    """slurm: partition of the trial jobs."""
+    """slurm: partition of the jobs (trials, calibrate)."""
     account: str | None = None
-    """slurm: account charged for the trial jobs."""
+    """slurm: account charged for the jobs (trials, calibrate)."""
     time_limit: str | None = None
-    """slurm: Slurm --time of each trial job (default: the timeout plus 5 minutes)."""
+    """slurm: Slurm --time of each job (default: the timeout plus 5 minutes)."""
     slurm_opts: tuple[str, ...] = ()
     """slurm: more sbatch options, KEY=VAL or KEY."""
     flags: ClassVar[dict[str, str]] = {**ProgramOptions.flags, "slurm_opts": "--slurm-opt"}

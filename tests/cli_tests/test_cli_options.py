@@ -36,7 +36,8 @@ PINNED = {
                     "--resume", "--scale", "--scale-gpus", "--scale-mode", "--stop-when-confident",
                     "--storage", "--study", "--top-k", "--trials", "--verify"]),
     "scale": sorted([*PROBLEM, *RUNNER, "--gpus", "--json", "--layout", "--mode", "--out", "-l"]),
-    "calibrate": sorted([*PROBLEM, "--from-runs", "--margin", "--out"]),
+    "calibrate": sorted([*PROBLEM, "--account", "--from-runs", "--margin", "--out",
+                         "--partition", "--runner", "--slurm-opt", "--time-limit"]),
     "report": ["--out"],
     "compare": ["--out"],
     "plan": sorted([*(o for o in PROBLEM if o not in (

@@ -1,0 +1,96 @@
+"""The calibration's Slurm job script and what a run across nodes adds (no cluster needed).
+
+Oracles: the sizes and the arithmetic worked out by hand, shellcheck and bash on the rendered
+script. A run across nodes cannot happen on the one-node test cluster, so the points of one
+are written here by hand (cluster_tests/test_slurm_calibrate.py runs the job for real).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+from autotune.calibration.calibrate import not_measured
+from autotune.calibration.file import Device
+from autotune.calibration.file import Point
+from autotune.calibration.kernel_fit import measured_figures
+from autotune.calibration.kernel_fit import screen
+from autotune.calibration.slurm_bench import calibration_script
+from autotune.calibration.slurm_bench import slurm_runner
+from autotune.runners.slurm import SlurmSettings
+from autotune.specs.inputs import load_config
+
+
+def _lint(shellcheck: str, path: Path, script: str) -> None:
+    path.write_text(script)
+    lint = subprocess.run([shellcheck, "-s", "bash", str(path)], capture_output=True, text=True,
+                          check=False)
+    assert lint.returncode == 0, lint.stdout
+
+
+def test_script_allocates_the_clusters_nodes(tmp_path: Path, shellcheck: str) -> None:
+    """Two 8-GPU nodes: 2 nodes × 8 tasks with 8 GPUs each, exclusive, ranks node by node;
+    2 CPU workers: 1 node × 2 tasks of 1 CPU, OMP_NUM_THREADS 1, no GPUs. The sbatch options
+    come as tune takes them; a folder with a quote and `$(...)` is one shell word."""
+    settings = SlurmSettings(partition="gpu", account="proj", slurm_opts=("qos=high",))
+    runner = slurm_runner(settings, timeout_s=600)
+    folder = tmp_path / "it's $(touch pwned)"
+    gpu = calibration_script(load_config("llama3-8b", "dgx-h100:2"), folder,
+                             directives=runner.directives, python="python3", threads=1)
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8",
+                 "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive", "#SBATCH --partition=gpu",
+                 "#SBATCH --account=proj", "#SBATCH --time=15", "#SBATCH --qos=high",
+                 f"BENCH_DIR={shlex.quote(str(folder.resolve()))}"):
+        assert line in gpu.splitlines(), line
+    assert "--distribution=block" in gpu and "cpus-per-task" not in gpu
+    assert subprocess.run(["bash", "-n"], input=gpu, text=True, check=False).returncode == 0
+    plain = tmp_path / "calibration"  # shellcheck flags the quoted `$(...)` of the name above
+    _lint(shellcheck, tmp_path / "gpu.sbatch", gpu.replace(shlex.quote(str(folder.resolve())),
+                                                           str(plain)))
+    cpu = calibration_script(load_config("tiny-gpt", "local", processes=2), plain,
+                             directives=[], python="python3", threads=1)
+    for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=2",
+                 "#SBATCH --cpus-per-task=1", "export OMP_NUM_THREADS=1"):
+        assert line in cpu.splitlines(), line
+    assert "gpus" not in cpu
+    _lint(shellcheck, tmp_path / "cpu.sbatch", cpu)
+
+
+def _link(kind: str, ranks: list[int], gb_s: float) -> Point:
+    return Point(kind=kind, op="send_recv" if kind == "send" else "all_reduce",
+                 shape={"bytes": 1 << 24}, ranks=ranks, seconds=(1 << 24) / (gb_s * 1e9),
+                 rate=gb_s * 1e9)
+
+
+def test_links_between_nodes_are_screened_and_measured_apart() -> None:
+    """Two nodes of 2 CPU workers: the ring's links inside a node move 10 GB/s and those
+    between nodes 1 GB/s; neither kind is named slow beside the other, but a link between
+    nodes at 0.5 GB/s (half its peer's 1 GB/s) is. The measured figures by hand: 10 GB/s inside
+    a node (the fastest link or collective within one), 1.2 GB/s between nodes (the fastest
+    collective over both)."""
+    hosts = {0: "a", 1: "a", 2: "b", 3: "b"}
+    ring = [_link("send", [0, 1], 10.0), _link("send", [1, 2], 1.0),
+            _link("send", [2, 3], 9.8), _link("send", [3, 0], 1.0)]
+    assert screen(ring, hosts, 0.2).slow() == []
+    across = [p for p in screen(ring, hosts, 0.2).links if p.across_nodes]
+    assert [link.ranks for link in across] == [[1, 2], [3, 0]]
+    slow = ring[:3] + [_link("send", [3, 0], 0.5)]
+    assert [line.split(":")[0] for line in screen(slow, hosts, 0.2).slow()] == [
+        "link 3->0 from b (across nodes)"]
+    cfg = load_config("tiny-gpt", "local", processes=2)
+    cfg = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update={"nodes": 2})})
+    points = [*ring, _link("collective", [0, 1], 6.0), _link("collective", [0, 1, 2, 3], 1.2)]
+    cluster = measured_figures(cfg, points).cluster
+    assert cluster.intra_node_gb_s == 10.0 and cluster.inter_node_gb_s == 1.2
+
+
+def test_one_node_says_what_it_did_not_measure() -> None:
+    """One host: the inter-node links are named unmeasured; one worker: the collectives too;
+    two hosts: nothing is missing."""
+    one = [Device(rank=r, host="a", device="cpu") for r in (0, 1)]
+    assert [line.split(":")[0] for line in not_measured(one)] == [
+        "inter-node links not measured"]
+    assert len(not_measured(one[:1])) == 2
+    two = [Device(rank=0, host="a", device="cpu"), Device(rank=1, host="b", device="cpu")]
+    assert not_measured(two) == []
