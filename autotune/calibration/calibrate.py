@@ -76,7 +76,8 @@ def calibrate_cluster(
         out: Folder for the workers' plan, records and logs (shared with the nodes, for Slurm).
         margin: Screening margin below the peers' median that names a worker or link slow.
         threads: torch threads per CPU worker (default: cores / workers; Slurm: 1).
-        worker_env: Extra environment of single workers by rank (this machine only).
+        worker_env: Extra environment of single workers by rank (e.g. to reproduce a slow
+            node).
         budget_s: Time spent repeating each kernel.
         plan: What to time (default: `bench_plan(cfg, layouts, budget_s=budget_s)`).
         timeout_s: Limit of the whole run (Slurm: from the job's start).
@@ -98,8 +99,8 @@ def calibrate_cluster(
                                         on_progress=on_progress)
         else:
             points, devices, job_id = run_slurm(plan, cfg, out, slurm, threads=threads,
-                                                timeout_s=timeout_s, on_progress=on_progress,
-                                                on_state=on_state)
+                                                worker_env=worker_env, timeout_s=timeout_s,
+                                                on_progress=on_progress, on_state=on_state)
     except WorkerLost as lost:
         return Calibration(created=created, source="microbenchmarks", cluster=cfg.cluster.name,
                            software=_software(out), job_id=lost.job_id, complete=False,

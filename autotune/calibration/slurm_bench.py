@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -98,6 +99,7 @@ def run_slurm(
     settings: SlurmSettings,
     *,
     threads: int | None = None,
+    worker_env: Mapping[int, Mapping[str, str]] | None = None,
     timeout_s: float = 600.0,
     poll_s: float = POLL_S,
     on_progress: Callable[[int], None] | None = None,
@@ -111,6 +113,8 @@ def run_slurm(
         out: Folder for the script, plan, records and logs, on a file system the nodes share.
         settings: Partition, account, time limit and more sbatch options (as `tune` takes them).
         threads: CPUs (torch threads) per CPU worker (default 1).
+        worker_env: Extra environment of single workers by rank (`env-<rank>` files that the
+            task exports before it starts the worker).
         timeout_s: Limit from the job's start (queue time not counted); then it is cancelled.
         poll_s: Seconds between squeue calls.
         on_progress: Called with the number of points measured so far, once per poll.
@@ -127,6 +131,11 @@ def run_slurm(
     out = out.resolve()
     runner = slurm_runner(settings, timeout_s)
     prepare_folder(plan, out)
+    for old in out.glob("env-*"):
+        old.unlink()
+    for rank, env in (worker_env or {}).items():
+        (out / f"env-{rank}").write_text("".join(f"{name}={shlex.quote(value)}\n"
+                                                 for name, value in env.items()))
     script = out / SCRIPT
     script.write_text(calibration_script(cfg, out, directives=runner.directives,
                                          python=runner.python, threads=threads or 1))

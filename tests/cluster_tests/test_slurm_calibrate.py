@@ -116,18 +116,40 @@ def test_lost_worker_under_slurm_is_named(tmp_path: Path) -> None:
     assert len(read_points(tmp_path)[0]) == len(calibration.points)
 
 
+def test_slow_worker_under_slurm_is_named(tmp_path: Path) -> None:
+    """Worker 1's task runs with MKL limited to SSE4.2 (several times slower GEMMs here, as on
+    an older or misconfigured node): the screening names worker 1, on Slurm's node, and only
+    it."""
+    cfg = load_config("tiny-gpt", "local", framework="deepspeed", processes=2)
+    plan = {"gemms": [[256, 256, 256], [384, 384, 384], [512, 512, 512]], "dtypes": ["fp32"],
+            "attention": [], "attention_dtype": "fp32", "elementwise_bytes": [1 << 20],
+            "copy_bytes": [], "group_sizes": [2], "collective_ops": ["all_reduce"],
+            "message_bytes": [4096, 1 << 20], "collective_repeats": 4, "budget_s": 0.01}
+    calibration = calibrate_cluster(
+        cfg, LayoutTable.from_layouts([Layout(mbs=1)]), tmp_path, plan=plan,
+        slurm=SlurmSettings(time_limit="5"),
+        worker_env={1: {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}})
+    assert calibration.complete, calibration.failure
+    workers = [line for line in calibration.screening.slow() if line.startswith("worker")]
+    assert workers == [line for line in workers if line.startswith(f"worker 1 on {_node()}:")]
+    assert len(workers) == 1, calibration.screening.workers
+
+
 def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def test_gpu_cluster_on_a_partition_without_gpus_is_refused(tmp_path: Path) -> None:
+def test_bad_slurm_settings_are_refused_in_one_line(tmp_path: Path) -> None:
     """The test cluster has no gpu GRES (sinfo): calibrating an H100 node there is refused
-    before anything is submitted, in one line naming the partition; a Slurm option without
-    --runner slurm is refused too."""
+    before anything is submitted, in one line naming the partition; a partition Slurm does not
+    have is sbatch's refusal, in one line; a Slurm option without --runner slurm is refused."""
     refused = cli("calibrate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--runner", "slurm",
                   "--partition", "debug", "--out", tmp_path / "cal.yaml")
     assert_usage_error(refused, "--partition debug", "no GPU nodes")
     assert not (tmp_path / "cal.d").exists()  # where the job script would have gone
+    unknown = cli("calibrate", "-m", "tiny-gpt", "-c", "local", "--runner", "slurm",
+                  "--partition", "nosuch", "--out", tmp_path / "cal.yaml")
+    assert_usage_error(unknown, "sbatch refused the job", "nosuch")
     local = cli("calibrate", "-m", "tiny-gpt", "-c", "local", "--partition", "debug",
                 "--out", tmp_path / "cal.yaml")
     assert_usage_error(local, "--partition", "--runner slurm")
