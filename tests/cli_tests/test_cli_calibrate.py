@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from autotune.calibration.file import load_calibration
+from tests.cli_tests.helpers_cli import assert_usage_error
 from tests.cli_tests.helpers_cli import cli
 
 RUNS = "layout,step_time_s\n" + "\n".join(
@@ -50,3 +51,25 @@ def test_other_gpu_is_exit_2_in_one_line(tmp_path: Path) -> None:
     assert len(refused.error_lines) == 1
     assert "h100-sxm-80gb" in refused.err and "a100-sxm-80gb" in refused.err
     assert yaml.safe_load(out.read_text())["gpu"]["name"] == "h100-sxm-80gb"
+
+
+def test_other_software_stack_is_exit_2_unless_overridden(tmp_path: Path) -> None:
+    """A file whose torch release differs from this one's (2.5 against the installed 2.13):
+    exit 2, one line naming torch and both versions and the override; with
+    --ignore-calibration-mismatch the same estimate runs and uses the file."""
+    runs = tmp_path / "runs.csv"
+    runs.write_text(RUNS)
+    out = tmp_path / "cal.yaml"
+    assert cli("calibrate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--from-runs", runs,
+               "--out", out).code == 0
+    data = yaml.safe_load(out.read_text())
+    here = data["software"]["torch"]
+    data["software"]["torch"] = "2.5.1"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    args = ("estimate", "-m", "llama3-8b", "-c", "dgx-h100:1", "-l", "tp=8,mbs=1", "--json",
+            "--calibration", out)
+    assert_usage_error(cli(*args), "torch 2.5.1 in the file", here,
+                       "--ignore-calibration-mismatch")
+    forced = cli(*args, "--ignore-calibration-mismatch")
+    assert forced.code == 0, forced.err
+    assert json.loads(forced.out)["step_time_s"] == load_calibration(out).points[0].predicted_s
