@@ -36,10 +36,13 @@ from autotune.calibration.microbench import run_local
 from autotune.calibration.microbench import worker_stacks
 from autotune.calibration.slurm_bench import run_slurm
 from autotune.costmodel.constants import constants_for
+from autotune.exceptions import AutotuneError
 from autotune.layout import LayoutTable
 from autotune.runners.slurm import SlurmSettings
 from autotune.specs import AutotuneConfig
+from autotune.specs import ClusterSpec
 from autotune.specs import GPUSpec
+from autotune.specs.inputs import gpu_preset_for
 
 
 def _now() -> datetime.datetime:
@@ -119,7 +122,8 @@ def calibrate_cluster(
                               nodes=len({d.host for d in devices}) or 1,
                               not_measured=not_measured(devices), devices=devices,
                               points=predicted, constants=fitted, screening=screening)
-    warnings = bound_warnings(calibration) + screening.slow() + stack_warnings(out)
+    warnings = (bound_warnings(calibration) + screening.slow() + stack_warnings(out)
+                + device_warnings(cfg.cluster, devices))
     return calibration.model_copy(update={"warnings": warnings})
 
 
@@ -133,6 +137,29 @@ def not_measured(devices: list[Device]) -> list[str]:
         lines.append("inter-node links not measured: 1 node (comm_efficiency and "
                      "latency_inter_s keep the preset's values)")
     return lines
+
+
+def device_warnings(cluster: ClusterSpec, devices: list[Device]) -> list[str]:
+    """One line when workers report another device than the cluster's: a GPU that CUDA's name
+    and memory match to another preset (or to none, `autotune.specs.inputs.gpu_preset_for`),
+    or no GPU at all; the constants were fitted against the cluster GPU's figures."""
+    def preset(device: Device) -> str | None:
+        if device.device.startswith("cpu"):
+            return "cpu"
+        try:
+            return gpu_preset_for(device.device, device.memory_gib)
+        except AutotuneError:
+            return None
+
+    expected = "cpu" if cluster.cpu_processes else (cluster.gpu.like or cluster.gpu.name)
+    other = [d for d in devices if preset(d) != expected]
+    if not other:
+        return []
+    names = sorted({d.device for d in other})
+    return [f"workers {', '.join(f'{d.rank} ({d.host})' for d in other[:4])}"
+            f"{' ...' if len(other) > 4 else ''} report {', '.join(names)}, not the cluster's "
+            f"{cluster.gpu.name}: the constants were fitted against its figures; calibrate "
+            "with the cluster preset of the GPU the nodes have"]
 
 
 def _measured_inter(cfg: AutotuneConfig, points: list[Point]) -> float | None:

@@ -87,6 +87,9 @@ def calibrate(
     slurm = _parsed(SlurmSettings, dict(config.get("runner") or {}), (SLURM_JOB,), ("runner",))
     if slurm.given() and runner != "slurm":
         raise AutotuneError(f"{', '.join(slurm.given())}: only for --runner slurm")
+    if from_runs is not None and runner != "local":
+        raise AutotuneError(f"--runner {runner}: --from-runs refits runs already measured; "
+                            "drop one of them")
     started = time.monotonic()
     if from_runs is not None:
         if from_runs.is_dir():

@@ -11,6 +11,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from autotune.calibration.calibrate import device_warnings
 from autotune.calibration.calibrate import not_measured
 from autotune.calibration.file import Device
 from autotune.calibration.file import Point
@@ -94,3 +95,20 @@ def test_one_node_says_what_it_did_not_measure() -> None:
     assert len(not_measured(one[:1])) == 2
     two = [Device(rank=0, host="a", device="cpu"), Device(rank=1, host="b", device="cpu")]
     assert not_measured(two) == []
+
+
+def test_workers_on_another_device_are_named() -> None:
+    """Oracle: CUDA's names and memory of an H100 and an A100 (GiB, as CUDA reports them) and
+    the CPU worker's, written by hand. An H100 cluster whose workers report A100s, or ran
+    without CUDA, gets one line naming them; H100 workers, and CPU workers of a CPU cluster,
+    get none."""
+    h100 = load_config("llama3-8b", "dgx-h100:1").cluster
+    cpu = load_config("tiny-gpt", "local", processes=2).cluster
+    ok = [Device(rank=r, host="n1", device="NVIDIA H100 80GB HBM3", memory_gib=79.1)
+          for r in (0, 1)]
+    assert device_warnings(h100, ok) == []
+    other = [*ok, Device(rank=2, host="n2", device="NVIDIA A100-SXM4-80GB", memory_gib=79.3),
+             Device(rank=3, host="n2", device="cpu (1 threads)")]
+    [line] = device_warnings(h100, other)
+    assert line.startswith("workers 2 (n2), 3 (n2) report NVIDIA A100-SXM4-80GB, cpu "), line
+    assert device_warnings(cpu, [Device(rank=0, host="a", device="cpu (2 threads)")]) == []

@@ -73,3 +73,15 @@ def test_other_software_stack_is_exit_2_unless_overridden(tmp_path: Path) -> Non
     forced = cli(*args, "--ignore-calibration-mismatch")
     assert forced.code == 0, forced.err
     assert json.loads(forced.out)["step_time_s"] == load_calibration(out).points[0].predicted_s
+
+
+def test_runner_choices_are_refused_in_one_line(tmp_path: Path) -> None:
+    """calibrate runs its workers here or through Slurm; own runs need neither; a runner that
+    only simulates or runs commands measures no devices."""
+    runs = tmp_path / "runs.csv"
+    runs.write_text(RUNS)
+    both = cli("calibrate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--from-runs", runs,
+               "--runner", "slurm", "--out", tmp_path / "cal.yaml")
+    assert_usage_error(both, "--runner slurm", "--from-runs")
+    assert_usage_error(cli("calibrate", "-m", "tiny-gpt", "-c", "local", "--runner", "simulate"),
+                       "--runner", "simulate", "local or slurm")
