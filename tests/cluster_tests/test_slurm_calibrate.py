@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,61 @@ def test_lost_worker_under_slurm_is_named(tmp_path: Path) -> None:
     assert f"Slurm job {calibration.job_id} FAILED" in failure
     assert {p.ranks[0] for p in calibration.points} == {0, 1}
     assert len(read_points(tmp_path)[0]) == len(calibration.points)
+
+
+LONG_PLAN = {"gemms": [[512, 512, 512]] * 200, "dtypes": ["fp32"], "attention": [],
+             "attention_dtype": "fp32", "elementwise_bytes": [], "copy_bytes": [],
+             "group_sizes": [2], "collective_ops": ["all_reduce"], "message_bytes": [4096],
+             "collective_repeats": 4, "budget_s": 0.05}
+"""Minutes of GEMMs: a run that is stopped long before it ends."""
+
+
+def _once_measuring(folder: Path, then: Callable[[], None]) -> threading.Thread:
+    """A thread that calls `then` once both workers wrote a point (90 s at most)."""
+    def wait() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if all(len(_lines(folder / f"rank-{r}.jsonl")) >= 2 for r in (0, 1)):
+                then()
+                return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return thread
+
+
+def test_job_cancelled_by_someone_else_keeps_its_points(tmp_path: Path) -> None:
+    """An scancel from outside (an admin, a preemption) while both workers measure: the run is
+    incomplete, names the job CANCELLED (and, when a task still wrote its exit status, the
+    worker SIGTERM reached first), and keeps the points."""
+    cfg = load_config("tiny-gpt", "local", framework="deepspeed", processes=2)
+    job = {}
+
+    def scancel() -> None:
+        job["id"] = json.loads((tmp_path / "slurm_job.json").read_text())["job_id"]
+        subprocess.run(["scancel", job["id"]], check=True)
+
+    thread = _once_measuring(tmp_path, scancel)
+    calibration = calibrate_cluster(cfg, LayoutTable.from_layouts([Layout(mbs=1)]), tmp_path,
+                                    plan=LONG_PLAN, slurm=SlurmSettings(time_limit="5"))
+    thread.join()
+    assert not calibration.complete and calibration.job_id == job["id"]
+    assert f"Slurm job {job['id']} CANCELLED" in calibration.failure, calibration.failure
+    assert {p.ranks[0] for p in calibration.points} == {0, 1}
+
+
+def test_job_past_the_timeout_is_cancelled(tmp_path: Path) -> None:
+    """A run still measuring 3 s after the job started is cancelled by calibrate: incomplete,
+    the limit named, the points kept, and sacct accounts the job CANCELLED."""
+    cfg = load_config("tiny-gpt", "local", framework="deepspeed", processes=2)
+    calibration = calibrate_cluster(cfg, LayoutTable.from_layouts([Layout(mbs=1)]), tmp_path,
+                                    plan=LONG_PLAN, slurm=SlurmSettings(time_limit="5"),
+                                    timeout_s=3)
+    assert not calibration.complete
+    assert "did not finish within 3 s of the job's start (scancel)" in calibration.failure
+    assert accounting(calibration.job_id)[-1]["State"].startswith("CANCELLED")
+    assert len(calibration.points) == len(read_points(tmp_path)[0])
 
 
 def test_slow_worker_under_slurm_is_named(tmp_path: Path) -> None:
