@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +33,17 @@ from tests.cli_tests.helpers_cli import assert_usage_error
 from tests.cli_tests.helpers_cli import cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("slurm")]
+
+
+@pytest.fixture(autouse=True)
+def _nice_workers(tmp_path_factory: pytest.TempPathFactory,
+                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers slurmd starts run at the lowest CPU priority, as the tests do (the job runs
+    `sys.executable`, here a script that execs this interpreter under `nice -n 19`)."""
+    wrapper = tmp_path_factory.mktemp("python") / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec nice -n 19 {shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(wrapper))
 
 
 def _node() -> str:
@@ -84,39 +97,6 @@ def test_calibrate_through_slurm_then_estimate(tmp_path: Path) -> None:
     assert json.loads(estimated.out)["step_time_s"] != json.loads(plain.out)["step_time_s"]
 
 
-def test_lost_worker_under_slurm_is_named(tmp_path: Path) -> None:
-    """Worker 1's process is killed (SIGKILL) once both workers wrote a point: srun stops the
-    job, the calibration is incomplete and names worker 1, Slurm's node, the signal and the
-    job, and keeps the points both workers wrote."""
-    cfg = load_config("tiny-gpt", "local", framework="deepspeed", processes=2)
-    plan = {"gemms": [[512, 512, 512]] * 60, "dtypes": ["fp32"], "attention": [],
-            "attention_dtype": "fp32", "elementwise_bytes": [], "copy_bytes": [],
-            "group_sizes": [2], "collective_ops": ["all_reduce"], "message_bytes": [4096],
-            "collective_repeats": 4, "budget_s": 0.05}
-
-    def kill_worker_1() -> None:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            ranks = {r: _lines(tmp_path / f"rank-{r}.jsonl") for r in (0, 1)}
-            if all(len(lines) >= 2 for lines in ranks.values()):
-                os.kill(int(json.loads(ranks[1][0])["pid"]), signal.SIGKILL)
-                return
-            time.sleep(0.1)
-
-    killer = threading.Thread(target=kill_worker_1)
-    killer.start()
-    calibration = calibrate_cluster(cfg, LayoutTable.from_layouts([Layout(mbs=1)]), tmp_path,
-                                    plan=plan, slurm=SlurmSettings(time_limit="5"))
-    killer.join()
-    assert not calibration.complete and calibration.job_id
-    failure = calibration.failure
-    assert failure.startswith("calibrate: worker 1 (pid "), failure
-    assert f"on {_node()})" in failure and "SIGKILL" in failure
-    assert f"Slurm job {calibration.job_id} FAILED" in failure
-    assert {p.ranks[0] for p in calibration.points} == {0, 1}
-    assert len(read_points(tmp_path)[0]) == len(calibration.points)
-
-
 LONG_PLAN = {"gemms": [[512, 512, 512]] * 200, "dtypes": ["fp32"], "attention": [],
              "attention_dtype": "fp32", "elementwise_bytes": [], "copy_bytes": [],
              "group_sizes": [2], "collective_ops": ["all_reduce"], "message_bytes": [4096],
@@ -137,6 +117,29 @@ def _once_measuring(folder: Path, then: Callable[[], None]) -> threading.Thread:
     thread = threading.Thread(target=wait)
     thread.start()
     return thread
+
+
+def test_lost_worker_under_slurm_is_named(tmp_path: Path) -> None:
+    """Worker 1's process is killed (SIGKILL) once both workers wrote a point: srun stops the
+    job, the calibration is incomplete and names worker 1, Slurm's node, the signal and the
+    job, and keeps the points both workers wrote."""
+    cfg = load_config("tiny-gpt", "local", framework="deepspeed", processes=2)
+
+    def kill_worker_1() -> None:
+        started = json.loads(_lines(tmp_path / "rank-1.jsonl")[0])
+        os.kill(int(started["pid"]), signal.SIGKILL)
+
+    killer = _once_measuring(tmp_path, kill_worker_1)
+    calibration = calibrate_cluster(cfg, LayoutTable.from_layouts([Layout(mbs=1)]), tmp_path,
+                                    plan=LONG_PLAN, slurm=SlurmSettings(time_limit="5"))
+    killer.join()
+    assert not calibration.complete and calibration.job_id
+    failure = calibration.failure
+    assert failure.startswith("calibrate: worker 1 (pid "), failure
+    assert f"on {_node()})" in failure and "SIGKILL" in failure
+    assert f"Slurm job {calibration.job_id} FAILED" in failure
+    assert {p.ranks[0] for p in calibration.points} == {0, 1}
+    assert len(read_points(tmp_path)[0]) == len(calibration.points)
 
 
 def test_job_cancelled_by_someone_else_keeps_its_points(tmp_path: Path) -> None:
