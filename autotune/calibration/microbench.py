@@ -155,7 +155,12 @@ def _phase(last: Mapping[str, Any] | None) -> str:
 
 def exit_text(code: int) -> str:
     """How a process ended from its return code (negative: the signal that killed it)."""
-    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+    if code >= 0:
+        return f"exited with {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
 
 
 def lost_worker(rank: int, pid: int | None, how: str, out: Path) -> str:

@@ -149,7 +149,7 @@ def run_slurm(
     state = info.state if info else "UNKNOWN"
     if state == "COMPLETED" and len(done) == world and not overran:
         return points, devices, job_id
-    message = _lost(out, job_id, info, world, done, timeout_s if overran else None)
+    message = lost_job(out, job_id, info, world, done, timeout_s if overran else None)
     raise WorkerLost(message, points, devices, job_id)
 
 
@@ -192,7 +192,7 @@ def _exits(out: Path) -> list[tuple[float, int, int]]:
     return sorted(found)
 
 
-def _lost(out: Path, job_id: str, info: JobInfo | None, world: int, done: set[int],
+def lost_job(out: Path, job_id: str, info: JobInfo | None, world: int, done: set[int],
           overran_s: float | None) -> str:
     """The line naming what the job lost (see the module docstring)."""
     state = info.state if info else "UNKNOWN"
@@ -204,7 +204,7 @@ def _lost(out: Path, job_id: str, info: JobInfo | None, world: int, done: set[in
     failed = [(rank, code) for _, rank, code in _exits(out) if code != 0]
     if failed:
         rank, code = failed[0]
-        how = exit_text(128 - code if code > 128 else code)  # bash: 128 + the signal
+        how = exit_text(128 - code if 128 < code < 160 else code)  # bash: 128 + the signal
         return f"{lost_worker(rank, None, how, out)}; {ended}"
     missing = [rank for rank in range(world) if rank not in done]
     _, devices, _ = read_points(out)

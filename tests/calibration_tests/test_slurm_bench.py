@@ -7,6 +7,7 @@ are written here by hand (cluster_tests/test_slurm_calibrate.py runs the job for
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -18,8 +19,10 @@ from autotune.calibration.file import Point
 from autotune.calibration.kernel_fit import measured_figures
 from autotune.calibration.kernel_fit import screen
 from autotune.calibration.slurm_bench import calibration_script
+from autotune.calibration.slurm_bench import lost_job
 from autotune.calibration.slurm_bench import slurm_runner
 from autotune.runners.slurm import SlurmSettings
+from autotune.runners.slurm_client import JobInfo
 from autotune.specs.inputs import load_config
 
 
@@ -112,3 +115,35 @@ def test_workers_on_another_device_are_named() -> None:
     [line] = device_warnings(h100, other)
     assert line.startswith("workers 2 (n2), 3 (n2) report NVIDIA A100-SXM4-80GB, cpu "), line
     assert device_warnings(cpu, [Device(rank=0, host="a", device="cpu (2 threads)")]) == []
+
+
+def _records(folder: Path, rank: int, host: str, *points: str) -> None:
+    start = {"rank": rank, "event": "start", "pid": 100 + rank, "host": host, "device": "cpu",
+             "memory_gib": 0.0}
+    gemm = {"rank": rank, "kind": "gemm", "op": "mm", "dtype": "fp32",
+            "shape": {"m": 8, "n": 8, "k": 8}, "seconds": 1e-5, "rate": 1e8}
+    lines = [json.dumps(start), *(json.dumps(gemm) for _ in points)]
+    (folder / f"rank-{rank}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_first_failed_task_is_named_else_the_unfinished_workers(tmp_path: Path) -> None:
+    """Exit files written by hand as the job's tasks write them (status, time): rank 3 killed
+    by SIGKILL (bash: 128 + 9) at t=5 before rank 0 failed with 1 at t=6 is the one named, on
+    its host. A node failure writes none: the state Slurm gives (NODE_FAIL, its reason; a
+    JobInfo by hand, as the one-node test cluster cannot lose a node) and the workers without
+    a done record are named, with their hosts."""
+    for rank, host in enumerate(["a", "a", "b", "b"]):
+        _records(tmp_path, rank, host, "gemm")
+    (tmp_path / "exit-0").write_text("1 6.0\n")
+    (tmp_path / "exit-3").write_text("137 5.0\n")
+    (tmp_path / "exit-1").write_text("0 7.0\n")
+    failed = JobInfo("41", "FAILED", nodes="a,b")
+    message = lost_job(tmp_path, "41", failed, 4, set(), None)
+    assert message.startswith("calibrate: worker 3 (pid 103 on b) was killed by SIGKILL "), message
+    assert "4 points kept" in message and message.endswith("; Slurm job 41 FAILED on a,b")
+    for path in tmp_path.glob("exit-*"):
+        path.unlink()
+    node = JobInfo("42", "NODE_FAIL", reason="NodeDown", nodes="a,b")
+    message = lost_job(tmp_path, "42", node, 5, {0, 1}, None)
+    assert message.startswith("calibrate: Slurm job 42 NODE_FAIL on a,b (NodeDown); workers "
+                              "2 (b), 3 (b), 4 (never started) did not finish; 4 points kept")
