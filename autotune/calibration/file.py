@@ -147,14 +147,24 @@ class Screening(BaseModel):
     """Fraction below the median that marks a worker or link slow."""
     workers: list[WorkerRate] = Field(default_factory=list)
     """GEMM rate of each worker at the largest benchmarked shape."""
+    nodes: list[WorkerRate] = Field(default_factory=list)
+    """Median worker GEMM rate of each node (several nodes only), against the other nodes."""
     links: list[WorkerRate] = Field(default_factory=list)
     """Bandwidth of each measured link (largest message)."""
 
     def slow(self) -> list[str]:
-        """One line per slow worker or link, naming it."""
+        """One line per slow node, slow worker (on a node not named) or slow link."""
         lines = []
+        slow_nodes = {node.host for node in self.nodes if node.relative < 1 - self.margin}
+        for node in self.nodes:
+            if node.relative < 1 - self.margin:
+                lines.append(
+                    f"node {node.host or '?'} (workers {_ranks(node.ranks)}): GEMM "
+                    f"{node.rate / 1e12:.3g} TFLOP/s, {1 - node.relative:.0%} below the median "
+                    "of the other nodes"
+                )
         for worker in self.workers:
-            if worker.relative < 1 - self.margin:
+            if worker.relative < 1 - self.margin and worker.host not in slow_nodes:
                 lines.append(
                     f"worker {worker.ranks[0]} on {worker.host or '?'}: GEMM "
                     f"{worker.rate / 1e12:.3g} TFLOP/s, {1 - worker.relative:.0%} below the "
@@ -168,6 +178,14 @@ class Screening(BaseModel):
                     f"GB/s, {1 - link.relative:.0%} below the median of its peers"
                 )
         return lines
+
+
+def _ranks(ranks: list[int]) -> str:
+    """`8-15` for a run of ranks, else the ranks with commas."""
+    ordered = sorted(ranks)
+    if len(ordered) > 2 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]}"
+    return ", ".join(map(str, ordered))
 
 
 class Calibration(BaseModel):

@@ -234,9 +234,10 @@ def _relative(rates: dict[tuple[int, ...], float],
 
 def screen(points: Sequence[Point], hosts: dict[int, str],
            margin: float = SCREEN_MARGIN) -> Screening:
-    """Per-worker GEMM rate (median of the three largest shapes every worker ran), per-link
-    send bandwidth at the largest message; each relative to the median of its peers (a link
-    between nodes: of the other links between nodes)."""
+    """Per-worker GEMM rate (median of the three largest shapes every worker ran), per node
+    (the median of its workers), per-link send bandwidth at the largest message; each relative
+    to the median of its peers (a node: the other nodes; a link between nodes: the other links
+    between nodes)."""
     gemm: dict[int, dict[tuple[int, ...], float]] = defaultdict(dict)
     for p in points:
         if p.kind == "gemm":
@@ -251,6 +252,7 @@ def screen(points: Sequence[Point], hosts: dict[int, str],
         workers = [WorkerRate(ranks=list(key), host=hosts.get(key[0], ""), rate=rate,
                               relative=rel) for (key, rate), rel
                    in zip(rates.items(), _relative(rates).values(), strict=True)]
+    nodes = _nodes(workers)
     sends = [p for p in points if p.kind == "send"]
     links = []
     if sends:
@@ -263,4 +265,21 @@ def screen(points: Sequence[Point], hosts: dict[int, str],
         links = [WorkerRate(ranks=list(key), host=hosts.get(key[0], ""), rate=rate,
                             relative=rel, across_nodes=across(key)) for (key, rate), rel
                  in zip(rates.items(), _relative(rates, across).values(), strict=True)]
-    return Screening(margin=margin, workers=workers, links=links)
+    return Screening(margin=margin, workers=workers, nodes=nodes, links=links)
+
+
+def _nodes(workers: Sequence[WorkerRate]) -> list[WorkerRate]:
+    """Each node's median worker GEMM rate, relative to the median of the other nodes (none for
+    one node): a node slow as a whole is then named once, not as each of its workers."""
+    by_host: dict[str, list[WorkerRate]] = defaultdict(list)
+    for worker in workers:
+        by_host[worker.host].append(worker)
+    if len(by_host) < 2:
+        return []
+    ranks = {host: tuple(sorted(r for w in group for r in w.ranks))
+             for host, group in by_host.items()}
+    rates = {ranks[host]: statistics.median(w.rate for w in group)
+             for host, group in by_host.items()}
+    relative = _relative(rates)
+    return [WorkerRate(ranks=list(ranks[host]), host=host, rate=rates[ranks[host]],
+                       relative=relative[ranks[host]]) for host in by_host]

@@ -147,3 +147,23 @@ def test_first_failed_task_is_named_else_the_unfinished_workers(tmp_path: Path) 
     message = lost_job(tmp_path, "42", node, 5, {0, 1}, None)
     assert message.startswith("calibrate: Slurm job 42 NODE_FAIL on a,b (NodeDown); workers "
                               "2 (b), 3 (b), 4 (never started) did not finish; 4 points kept")
+
+
+def _gemm(rank: int, tflops: float) -> list[Point]:
+    return [Point(kind="gemm", op="mm", dtype="bf16", shape={"m": n, "n": n, "k": n},
+                  ranks=[rank], seconds=2 * n**3 / (tflops * 1e12), rate=tflops * 1e12)
+            for n in (2048, 4096, 8192)]
+
+
+def test_a_slow_node_is_named_once_a_slow_gpu_alone() -> None:
+    """Three nodes of 4 GPUs at 700 TFLOP/s. When all of node n2's run at 500 (a node
+    throttled as a whole), one line names n2 and its workers, 29 % below the other nodes
+    (500/700 by hand), instead of four worker lines. When only GPU 9 runs at 500, the line
+    names worker 9 on n2 and no node (n2's median stays 700)."""
+    hosts = {r: f"n{r // 4}" for r in range(12)}
+    node = [p for r in range(12) for p in _gemm(r, 500.0 if r >= 8 else 700.0)]
+    assert screen(node, hosts, 0.2).slow() == [
+        "node n2 (workers 8-11): GEMM 500 TFLOP/s, 29% below the median of the other nodes"]
+    gpu = [p for r in range(12) for p in _gemm(r, 500.0 if r == 9 else 700.0)]
+    assert screen(gpu, hosts, 0.2).slow() == [
+        "worker 9 on n2: GEMM 500 TFLOP/s, 29% below the median of its peers"]
