@@ -126,7 +126,6 @@ def measured_figures(cfg: AutotuneConfig, points: Sequence[Point]) -> AutotuneCo
     precision = cfg.train.precision
     gemm = [p.rate for p in points if p.kind == "gemm" and p.dtype == precision]
     memory = [p.rate for p in points if p.kind == "elementwise"]
-    links = [p for p in points if p.kind in ("collective", "send")]
     gpu = cfg.cluster.gpu
     update: dict[str, Any] = {}
     if gemm:
@@ -135,10 +134,18 @@ def measured_figures(cfg: AutotuneConfig, points: Sequence[Point]) -> AutotuneCo
         update["hbm_tb_s"] = max(memory) / 1e12
     cluster: dict[str, Any] = {"gpu": gpu.model_copy(update=update)}
     for name, across in (("intra_node_gb_s", False), ("inter_node_gb_s", True)):
-        rates = [p.rate for p in links if spans_nodes(cfg, p.ranks) == across]
-        if rates:
-            cluster[name] = max(rates) / 1e9
+        rate = link_gb_s(cfg, points, across=across)
+        if rate is not None:
+            cluster[name] = rate
     return cfg.model_copy(update={"cluster": cfg.cluster.model_copy(update=cluster)})
+
+
+def link_gb_s(cfg: AutotuneConfig, points: Sequence[Point], *, across: bool) -> float | None:
+    """The fastest collective bus bandwidth or send rate measured within a node (or, `across`,
+    over ranks of several nodes), GB/s; None when no such point was measured."""
+    rates = [p.rate for p in points if p.kind in ("collective", "send")
+             and spans_nodes(cfg, p.ranks) == across]
+    return max(rates) / 1e9 if rates else None
 
 
 def spans_nodes(cfg: AutotuneConfig, ranks: Sequence[int]) -> bool:

@@ -17,6 +17,7 @@ from autotune.calibration.file import Calibration
 from autotune.calibration.from_runs import calibrate_from_runs
 from autotune.calibration.from_runs import runs_from_file
 from autotune.calibration.kernel_fit import SCREEN_MARGIN
+from autotune.calibration.kernel_fit import link_gb_s
 from autotune.calibration.slurm_bench import check_partition
 from autotune.cli.app import PROBLEM_OPTIONS
 from autotune.cli.app import _failed
@@ -44,6 +45,15 @@ def _table(calibration: Calibration) -> Table:
         table.add_row(name, f"{c.before:.4g}", f"{c.value:.4g}", spread,
                       f"{c.median_residual:.1%}", f"{c.max_residual:.1%}", c.at_bound or "")
     return table
+
+
+def _print_links(cfg: AutotuneConfig, calibration: Calibration) -> None:
+    """The fastest link figures measured within a node and between nodes (bus bandwidth)."""
+    for where, across in (("within a node", False), ("between nodes", True)):
+        rate = link_gb_s(cfg, calibration.points, across=across)
+        if rate is not None:
+            console.print(f"links {where}: {rate:.3g} GB/s measured (the fastest collective "
+                          "bus bandwidth or send)")
 
 
 def runs_from_study(directory: Path) -> tuple[AutotuneConfig, list[tuple[Layout, float]]]:
@@ -123,6 +133,8 @@ def calibrate(
         for worker in calibration.screening.workers:
             console.print(f"worker {worker.ranks[0]} ({worker.host}): GEMM "
                           f"{worker.rate / 1e12:.3g} TFLOP/s ({worker.relative:.0%} of peers)")
+    if calibration.source == "microbenchmarks":
+        _print_links(cfg, calibration)
     for warning in calibration.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     for line in calibration.not_measured:

@@ -87,6 +87,9 @@ def test_calibrate_through_slurm_then_estimate(tmp_path: Path) -> None:
     assert any(line.startswith("inter-node links not measured: 1 node")
                for line in calibration.not_measured)
     assert "inter-node links not measured: 1 node" in done.out
+    fastest = max(p.rate for p in calibration.points if p.kind in ("collective", "send"))
+    assert f"links within a node: {fastest / 1e9:.3g} GB/s measured" in done.out
+    assert "links between nodes" not in done.out
     assert f"Slurm job {calibration.job_id}" in done.out
     estimated = cli("estimate", "-m", "tiny-gpt", "-c", "local", "--processes", "2",
                     "--framework", "deepspeed", "-l", "tp=1,pp=1,zero=1,mbs=2", "--json",
