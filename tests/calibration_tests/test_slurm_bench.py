@@ -48,6 +48,7 @@ def test_script_allocates_the_clusters_nodes(tmp_path: Path, shellcheck: str) ->
                  f"BENCH_DIR={shlex.quote(str(folder.resolve()))}"):
         assert line in gpu.splitlines(), line
     assert "--distribution=block" in gpu and "cpus-per-task" not in gpu
+    assert "  --gpus-per-node=8 \\" in gpu.splitlines()  # srun's step asks for them too
     assert subprocess.run(["bash", "-n"], input=gpu, text=True, check=False).returncode == 0
     plain = tmp_path / "calibration"  # shellcheck flags the quoted `$(...)` of the name above
     _lint(shellcheck, tmp_path / "gpu.sbatch", gpu.replace(shlex.quote(str(folder.resolve())),
