@@ -40,11 +40,11 @@ from autotune.runners.slurm import SlurmRunner
 from autotune.runners.slurm import SlurmSettings
 from autotune.runners.slurm_client import LIVE_STATES
 from autotune.runners.slurm_client import JobInfo
+from autotune.runners.slurm_client import QueuePoller
 from autotune.runners.slurm_client import cancel
 from autotune.runners.slurm_client import job_info
 from autotune.runners.slurm_client import parse_slurm_opts
 from autotune.runners.slurm_client import partition_has_gpus
-from autotune.runners.slurm_client import queue_states
 from autotune.runners.slurm_client import submit
 from autotune.specs import AutotuneConfig
 from autotune.templating import render_template
@@ -160,9 +160,11 @@ def _follow(job_id: str, out: Path, timeout_s: float, poll_s: float,
     process is interrupted. Returns Slurm's last word and whether it ran past the limit."""
     started: float | None = None
     overran = False
+    poller = QueuePoller(poll_s)  # keeps its last answer while the controller is busy
+    poller.watch(job_id)
     try:
         while True:
-            info = queue_states([job_id]).get(job_id) or job_info(job_id)
+            info = poller.state(job_id) or job_info(job_id)
             if info is None or info.state not in LIVE_STATES:
                 return job_info(job_id) or info, overran
             now = time.monotonic()

@@ -47,7 +47,8 @@ def test_script_allocates_the_clusters_nodes(tmp_path: Path, shellcheck: str) ->
                  "#SBATCH --account=proj", "#SBATCH --time=15", "#SBATCH --qos=high",
                  f"BENCH_DIR={shlex.quote(str(folder.resolve()))}"):
         assert line in gpu.splitlines(), line
-    assert "--distribution=block" in gpu and "cpus-per-task" not in gpu
+    assert "--distribution=block" in gpu
+    assert not [line for line in gpu.splitlines() if "--cpus-per-task=" in line]
     assert "  --gpus-per-node=8 \\" in gpu.splitlines()  # srun's step asks for them too
     assert subprocess.run(["bash", "-n"], input=gpu, text=True, check=False).returncode == 0
     plain = tmp_path / "calibration"  # shellcheck flags the quoted `$(...)` of the name above
