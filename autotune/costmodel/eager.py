@@ -119,3 +119,44 @@ def eager_seconds(cfg: AutotuneConfig, t: LayoutTable, k: Constants, bandwidth: 
     moved, ops = eager_elementwise(cfg, t, copies)
     seconds: np.ndarray = eager_time(moved, ops, bandwidth, k)
     return seconds
+
+
+def _mlp_saved(width: Any, gated: bool) -> Any:
+    """Elements an eager MLP keeps per token: SwiGLU the gate output (silu's input), silu's
+    output, the up output and the down projection's input (4f); GELU its input and output."""
+    return (4 if gated else 2) * width
+
+
+def saved_activation_bytes(cfg: AutotuneConfig, t: LayoutTable,
+                           copies: np.ndarray | None = None) -> np.ndarray:
+    """Bytes autograd keeps for one eager layer's backward, one micro-batch, its input
+    included (what `torch.autograd.graph.saved_tensors_hooks` sees for `DecoderLayer`).
+
+    Per token: each norm keeps its input, its normalised input and its output (RMSNorm also
+    its 1/rms; LayerNorm its mean and 1/σ): 3h + 1 or 2h + 2; attention keeps the rotated q
+    and k, v (what SDPA saves, and what the QKV GEMMs' outputs become), its output (the
+    output projection's input, a view) and the log-sum-exp per head: 2q + 2kv + heads; the
+    MLP `_mlp_saved`. A multiply by a tensor that needs no gradient keeps only that tensor,
+    so rotary keeps its cos and sin tables (4·s·d per micro-batch), not its inputs. Selective
+    recompute drops the log-sum-exp (the checkpoint keeps q, k and v, the output projection
+    the output). A MoE layer keeps its shared experts' MLP on every token and, per routed
+    copy (`copies`, as `eager_elementwise` takes them), the expert input and output (2h) and
+    the expert MLP (the router's probabilities are counted by the caller)."""
+    m = cfg.model
+    s = cfg.train.seq_length / t.cp
+    n = s * t.mbs
+    h = m.hidden_size / np.where(t.sp, t.tp, 1)
+    q = m.head_dim * m.num_attention_heads / t.tp
+    kv = m.head_dim * m.query_groups / t.tp
+    heads = m.num_attention_heads / t.tp * (t.recompute == 0)
+    norms = 2 * (3 * h + 1 if m.normalization == "rmsnorm" else 2 * h + 2)
+    per_token = norms + 2 * q + 2 * kv + heads
+    width = (m.moe_shared_expert_intermediate_size or 0) if copies is not None else m.ffn
+    elements = n * (per_token + _mlp_saved(width / t.tp, m.gated))
+    if m.position_embedding == "rope":
+        elements = elements + 4 * s * m.head_dim
+    if copies is not None:
+        elements = elements + copies * (2 * m.hidden_size + _mlp_saved(m.moe_ffn / t.etp,
+                                                                        m.gated))
+    saved: np.ndarray = elements * element_bytes(cfg)
+    return saved
