@@ -4,7 +4,8 @@ CPU workers (`ClusterSpec.cpu_processes`) run the built-in workloads' layers as 
 no Apex or Transformer Engine fusions and no compilation, so every norm, rotary, activation
 and residual op is its own kernel that reads its inputs and writes its output, and each op
 pays a dispatch cost. `autotune.costmodel.kernels.elementwise_bytes` counts fused-kernel
-traffic instead (a norm reads and writes h once), a tenth of what these layers move.
+traffic instead (a norm reads and writes h once, in 16-bit): for tiny-gpt in fp32 about a
+fifth of the bytes these layers move, and no cost per op.
 
 `eager_elementwise` counts, per token of one layer, the elements the layer's non-GEMM,
 non-view ops read and write, forward plus backward, and the number of those ops. The counts
@@ -12,7 +13,7 @@ are read off the ops PyTorch dispatches for `autotune.workloads.deepspeed_gpt.De
 (`torch.nn.RMSNorm` decomposes into pow, mean, add, rsqrt and two muls; `torch.nn.LayerNorm`
 is one `native_layer_norm`; `rotary` is neg, cat, two muls and an add per tensor; SwiGLU is
 silu and mul; biases are summed over tokens in the backward); `tests/costmodel_tests`
-checks them against a `TorchDispatchMode` count of that layer at two shapes. The ops that
+checks them against a `TorchDispatchMode` count of that layer at three shapes. The ops that
 build the rotary tables and the per-token statistics of a norm (1/h of its traffic) are
 left out. The time is `bytes / (bandwidth · eager_efficiency) + ops · eager_op_s`: both
 constants come from `autotune calibrate`'s eager microbenchmark.
