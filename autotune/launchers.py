@@ -4,7 +4,9 @@ Both start what sbatch.sh starts, one task per node: the framework's node comman
 (`Framework.node_command`: pretrain_gpt.sh for Megatron, torchrun of the training program for
 DeepSpeed) with node 0 as the rendezvous master on the rendered port and the same environment
 (ARTIFACTS_DIR, GPUS_PER_NODE, NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, the NCCL and
-allocator settings). Where each gets them: the Kubeflow training operator sets MASTER_ADDR,
+allocator settings; for DeepSpeed TRAIN_ITERS, the token budget's iterations as sbatch.sh
+computes them, and with the built-in program DATA_PATH, tokens.npy in this folder). Where each
+gets them: the Kubeflow training operator sets MASTER_ADDR,
 MASTER_PORT, WORLD_SIZE and RANK in every pod of a PyTorchJob (PET_NNODES / PET_NODE_RANK
 when nprocPerNode is set; kubeflow/training-operator pkg/controller.v1/pytorch/envvar.go);
 SkyPilot sets SKYPILOT_NUM_NODES, SKYPILOT_NODE_RANK and SKYPILOT_NODE_IPS (its first line is
@@ -43,8 +45,14 @@ LAUNCH = {
 """How to run each manifest (one line each, for manifest.json and README.md)."""
 
 
-def _environment(cfg: AutotuneConfig, layout: Layout, options: RenderOptions) -> dict[str, str]:
-    """The variables every node gets (sbatch.sh exports or its scripts read)."""
+TOKENS_FILE = "tokens.npy"
+"""The built-in program's token ids, in this folder (DATA_PATH names it; edit to move it)."""
+
+
+def _environment(cfg: AutotuneConfig, layout: Layout, options: RenderOptions,
+                 folder: str) -> dict[str, str]:
+    """The variables every node gets (sbatch.sh exports or its scripts read); `folder` is where
+    the node sees this folder."""
     env = {"GPUS_PER_NODE": str(cfg.cluster.gpus_per_node),
            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
@@ -54,7 +62,11 @@ def _environment(cfg: AutotuneConfig, layout: Layout, options: RenderOptions) ->
     if bundle.runs_train_script:
         program = options.program
         env["TRAIN_SCRIPT"] = program.script if program is not None else "train.py"
-        env["DEEPSPEED_TIMEOUT"] = str(resolve_recipe(cfg).distributed_timeout_minutes)
+        recipe = resolve_recipe(cfg)
+        env["DEEPSPEED_TIMEOUT"] = str(recipe.distributed_timeout_minutes)
+        env["TRAIN_ITERS"] = str(recipe.train_iters)  # sbatch.sh's default: the token budget
+        if program is not None and program.builtin:
+            env["DATA_PATH"] = f"{folder}/{TOKENS_FILE}"
     return env
 
 
@@ -67,7 +79,7 @@ def pytorchjob(cfg: AutotuneConfig, layout: Layout, options: RenderOptions) -> d
     """A kubeflow.org/v1 PyTorchJob: one Master and nodes-1 Worker pods of one container each
     (named `pytorch`, as the operator requires), all GPUs of a node per pod, this folder
     mounted at /artifacts from a PersistentVolumeClaim the user creates, /dev/shm in memory."""
-    env = {**_environment(cfg, layout, options), "ARTIFACTS_DIR": ARTIFACTS_MOUNT}
+    env = {**_environment(cfg, layout, options, ARTIFACTS_MOUNT), "ARTIFACTS_DIR": ARTIFACTS_MOUNT}
     script = ('export NNODES="${PET_NNODES:-$WORLD_SIZE}" NODE_RANK="${PET_NODE_RANK:-$RANK}"\n'
               + framework_of(cfg).node_command(options) + "\n")
     container = {
@@ -106,7 +118,7 @@ def skypilot_task(cfg: AutotuneConfig, layout: Layout, options: RenderOptions) -
            + framework_of(cfg).node_command(options) + "\n")
     return {"name": _name(layout), "num_nodes": cfg.cluster.nodes, "resources": resources,
             "workdir": ".",
-            "envs": {**_environment(cfg, layout, options), "MASTER_PORT": str(MASTER_PORT)},
+            "envs": {**_environment(cfg, layout, options, "."), "MASTER_PORT": str(MASTER_PORT)},
             "run": run}
 
 

@@ -156,6 +156,39 @@ def memory(worker: Worker, plan: dict[str, Any]) -> None:
                           "seconds": seconds, "rate": nbytes / seconds})
 
 
+def eager(worker: Worker, plan: dict[str, Any]) -> None:
+    """The CPU workload's eager elementwise ops at each token count: RMSNorm, rotary over the
+    heads, SwiGLU's silu and mul, the residual add, forward and backward in fp32 (the ops
+    `autotune.costmodel.eager` counts for a layer), with the ops and bytes they dispatched."""
+    from torch.nn import functional
+
+    from autotune.workloads.deepspeed_gpt import rotary
+    from autotune.workloads.dispatch import ElementwiseCount
+
+    spec = plan.get("eager") or {}
+    hidden, heads = int(spec.get("hidden", 0)), int(spec.get("heads", 1))
+    if not hidden:
+        return
+    norm = torch.nn.RMSNorm(hidden, eps=1e-5)
+    for tokens in spec.get("tokens", []):
+        x = torch.randn(1, tokens, hidden, requires_grad=True)
+        grad = torch.randn_like(x)
+
+        def layer_ops(x: torch.Tensor = x, grad: torch.Tensor = grad) -> None:
+            norm.weight.grad = x.grad = None  # every call alike: no gradient accumulation
+            normed = norm(x)
+            turned = rotary(normed.view(*x.shape[:2], heads, hidden // heads), 0)
+            out = x + functional.silu(turned.reshape(x.shape)) * normed
+            out.backward(grad)
+
+        with ElementwiseCount() as count:
+            layer_ops()
+        seconds = timed(worker, layer_ops, plan["budget_s"])
+        worker.write({"kind": "eager", "op": "layer_ops", "dtype": "fp32",
+                      "shape": {"tokens": tokens, "bytes": count.bytes, "ops": count.ops},
+                      "seconds": seconds, "rate": count.bytes / seconds})
+
+
 def _collective(op: str, buffer: torch.Tensor, n: int, group: Any) -> Callable[[], Any]:
     """The call that runs `op` on `buffer` (the full buffer of nccl-tests' size)."""
     if op == "all_reduce":
@@ -255,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     gemms(worker, plan)
     attention(worker, plan)
     memory(worker, plan)
+    eager(worker, plan)
     if worker.world > 1:
         dist.init_process_group("nccl" if worker.cuda else "gloo",
                                 device_id=worker.device if worker.cuda else None)

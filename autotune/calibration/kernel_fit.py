@@ -8,6 +8,9 @@ functions, so a residual is the model's error on that kernel:
 - causal attention forward+backward: `attention_efficiency` (3 × forward causal FLOPs at that
   fraction of the peak, as `kernels.layer_times` charges it);
 - elementwise add: `hbm_efficiency` (bytes over the device's memory bandwidth);
+- the eager layer ops (CPU workers): `eager_efficiency`, `eager_op_s` in
+  `autotune.costmodel.eager` (bytes at that fraction of the fitted bandwidth plus a cost per
+  dispatched op);
 - collectives and sends within a node: `nvlink_efficiency`, `latency_base_s`, `latency_intra_s`
   in `autotune.costmodel.collectives` (`collective_s`, `all_to_all_s`, `send_s`); across nodes
   also `comm_efficiency`, `latency_inter_s`.
@@ -37,6 +40,7 @@ from autotune.costmodel.collectives import all_to_all_s
 from autotune.costmodel.collectives import collective_s
 from autotune.costmodel.collectives import send_s
 from autotune.costmodel.constants import Constants
+from autotune.costmodel.eager import eager_time
 from autotune.costmodel.kernels import gemm_efficiency
 from autotune.specs import AutotuneConfig
 
@@ -47,6 +51,8 @@ KERNEL_BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_half_size": (1.0, 1e5),
     "attention_efficiency": (1e-3, 1.0),
     "hbm_efficiency": (1e-3, 1.0),
+    "eager_efficiency": (1e-3, 1.0),
+    "eager_op_s": (0.0, 1e-3),
     "nvlink_efficiency": (1e-3, 1.0),
     "comm_efficiency": (1e-3, 1.0),
     "latency_base_s": (0.0, 0.1),
@@ -197,6 +203,18 @@ def fit_kernels(cfg: AutotuneConfig, points: Sequence[Point], base: Constants
                                    lambda c: moved / (hbm * c.hbm_efficiency), measured)
         fitted.update(found)
         out += _with_prediction(memory, predicted)
+
+    layer_ops = [p for p in pts if p.kind == "eager"]
+    if len(layer_ops) >= 2:
+        moved = np.array([p.shape["bytes"] for p in layer_ops], dtype=float)
+        ops = np.array([p.shape["ops"] for p in layer_ops], dtype=float)
+        measured = np.array([p.seconds for p in layer_ops])
+        bandwidth = gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
+        k, found, predicted = _fit(
+            ("eager_efficiency", "eager_op_s"), k,
+            lambda c: eager_time(moved, ops, bandwidth, c), measured)
+        fitted.update(found)
+        out += _with_prediction(layer_ops, predicted)
 
     comm = [p for p in pts if p.kind in ("collective", "send")]
     if comm:

@@ -48,6 +48,9 @@ MOST_SHAPES = 16
 SQUARES_CPU = (64, 128, 256, 512)
 SQUARES_GPU = (512, 1024, 2048, 4096, 8192)
 """Square GEMMs (n = m = k) for the size dependence (`gemm_half_size`) and screening."""
+EAGER_TOKENS = (32, 128, 512, 2048)
+"""Token counts of the eager elementwise benchmark (CPU workers): the small ones pin the
+per-op cost, the large ones the bandwidth."""
 
 
 class WorkerLost(AutotuneError):
@@ -108,6 +111,9 @@ def bench_plan(cfg: AutotuneConfig, layouts: LayoutTable, *, budget_s: float = 0
         "elementwise_bytes": sorted({max(4096, a) for a in activation}
                                     | {max(4096, 4 * a) for a in activation}),
         "copy_bytes": [] if cpu else [64 << 20],
+        "eager": ({"hidden": m.hidden_size, "tokens": list(EAGER_TOKENS),
+                   "heads": m.num_attention_heads
+                   if m.hidden_size % (2 * m.num_attention_heads) == 0 else 1} if cpu else {}),
         "group_sizes": sizes,
         "collective_ops": list(COLLECTIVE_OPS),
         "message_bytes": list(MESSAGE_BYTES),

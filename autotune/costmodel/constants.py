@@ -69,6 +69,18 @@ class Constants(BaseModel):
     activation, rotary, residual/dropout, cast or loss kernel touches is read or written once
     per pass (`autotune.costmodel.kernels.elementwise_bytes`); more when kernels are not
     fused. Unit: dimensionless. Source: the kernels' tensor sizes. Fit bounds 0.5-4."""
+    eager_efficiency: float = Field(default=0.5, gt=0, le=1)
+    """Fraction of the streaming bandwidth (`hbm_tb_s` · `hbm_efficiency`) that a layer's
+    unfused eager elementwise ops reach (`autotune.costmodel.eager`: CPU workers only): their
+    reductions, transcendentals and broadcasts run slower than a plain add. Unit:
+    dimensionless. Source: `autotune calibrate`'s eager microbenchmark (the workload's norm,
+    rotary, SwiGLU and residual ops, forward and backward, at several sizes). Not fitted by
+    the step-time fit."""
+    eager_op_s: float = Field(default=1e-5, ge=0)
+    """Dispatch cost of one eager elementwise op (Python, autograd and ATen overhead before
+    the kernel moves a byte), CPU workers only (`autotune.costmodel.eager`). Unit: s. Source:
+    the eager microbenchmark's intercept (10-12 µs per op on one core of a shared 2-core
+    cloud VM). Not fitted by the step-time fit."""
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Fraction of the HBM datasheet bandwidth that streaming kernels reach. Unit:
     dimensionless. Source: copy kernels reach 80-90 % on A100/H100 (CUDA `bandwidthTest`).

@@ -12,6 +12,7 @@ by tensor parallelism), its attention core and its memory-bound kernels:
 - memory-bound kernels at `hbm_efficiency` of HBM bandwidth: norms, residual adds (and dropout
   masks), rotary, the MLP activation and FP8 casts, each tensor read or written once per pass
   (`elementwise_bytes`), times `elementwise_passes`; backward moves twice the forward bytes.
+  CPU workers run these ops unfused and eager instead (`autotune.costmodel.eager`).
 
 Context parallelism gives each GPU s/cp queries against (causally, on average) half of all s
 keys: its attention FLOPs are 1/cp of the sequence's. Recompute repeats the forward (full) or the
@@ -38,6 +39,8 @@ from typing import Any
 import numpy as np
 
 from autotune.costmodel.constants import Constants
+from autotune.costmodel.eager import eager_seconds
+from autotune.costmodel.eager import runs_eager
 from autotune.costmodel.flops import attention_flops_per_token_per_layer
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
@@ -244,6 +247,10 @@ def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
         attention_flops = 3 * square
         scores = SCORE_BYTES_FORWARD * heads * n * s
     memory = k.elementwise_passes * (elementwise_bytes(cfg, t, k, moe) + scores) / hbm
+    if runs_eager(cfg):  # unfused ops: a third of their forward-plus-backward time forward
+        copies = routed_tokens(cfg, t) * k.moe_load_imbalance if moe else None
+        memory = (k.elementwise_passes * scores / hbm
+                  + eager_seconds(cfg, t, k, gpu.hbm_tb_s * 1e12 * k.hbm_efficiency, copies) / 3)
 
     full = t.recompute == 2
     selective = t.recompute == 1

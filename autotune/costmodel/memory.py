@@ -17,6 +17,7 @@ data-parallel
 degree edp = world/(etp·ep·pp), dense states over dp·cp (Megatron-LM
 `theoretical_memory_usage.py`: 6 + 12/edp bytes for experts with the distributed optimizer).
 The dispatch/combine all-to-all buffers are transient (freed within the layer) and not counted.
+CPU workers keep what their eager layers save instead (`autotune.costmodel.eager`).
 The first 1F1B stage holds min(m, p) micro-batches in flight, p + (p−1)/v
 with interleaving (Megatron's factor). The last stage holds the fp32 logits.
 """
@@ -28,6 +29,8 @@ import dataclasses
 import numpy as np
 
 from autotune.costmodel.constants import Constants
+from autotune.costmodel.eager import runs_eager
+from autotune.costmodel.eager import saved_activation_bytes
 from autotune.costmodel.kernels import routed_tokens
 from autotune.costmodel.sharding import element_bytes
 from autotune.costmodel.sharding import expert_params_on_rank
@@ -62,6 +65,8 @@ def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     """Bytes one dense (or MoE) layer stores for backward, for one micro-batch, without full
     recompute."""
     m = cfg.model
+    if runs_eager(cfg):
+        return _eager_activation_bytes(cfg, t, k, moe)
     s = cfg.train.seq_length / t.cp
     sbh = s * t.mbs * m.hidden_size
     groups = m.query_groups / m.num_attention_heads
@@ -93,9 +98,26 @@ def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     routed = copies * (4 * m.hidden_size + act * m.moe_ffn / t.etp)
     if te_fp8:  # the grouped GEMMs keep their inputs in fp8
         routed = routed - copies * (m.hidden_size + m.moe_ffn / t.etp)
-    router = s * t.mbs / t.tp * 5 * (m.num_experts or 1)
-    moe_stored: np.ndarray = stored + routed * element_bytes(cfg) / 2 + router
+    moe_stored: np.ndarray = stored + routed * element_bytes(cfg) / 2 + _router_bytes(cfg, t)
     return moe_stored
+
+
+def _eager_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
+                            moe: bool) -> np.ndarray:
+    """An eager layer's saved tensors (`autotune.costmodel.eager.saved_activation_bytes`); a
+    MoE layer's router keeps fp32 probabilities and a 1-byte routing map over E experts."""
+    if not moe:
+        return saved_activation_bytes(cfg, t)
+    copies = routed_tokens(cfg, t) * k.moe_load_imbalance
+    stored: np.ndarray = saved_activation_bytes(cfg, t, copies) + _router_bytes(cfg, t)
+    return stored
+
+
+def _router_bytes(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
+    """The router's fp32 probabilities and 1-byte routing map over E experts, own tokens."""
+    tokens = cfg.train.seq_length / t.cp * t.mbs / t.tp
+    router: np.ndarray = tokens * 5 * (cfg.model.num_experts or 1)
+    return router
 
 
 def fp8_saved_inputs(cfg: AutotuneConfig) -> bool:
@@ -171,7 +193,10 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> Memory
             activations
             + embedding * stage.in_flight * (8 * s * t.mbs + s * t.mbs * m.hidden_size) / t.tp
         )
-        logits = output * 4 * s * t.mbs * (m.hidden_size + vocab) / t.tp
+        # eager cross entropy keeps its fp32 log-softmax beside the logits (the fused
+        # vocabulary-parallel loss of the GPU stacks works in place)
+        copies = 2 if runs_eager(cfg) else 1
+        logits = output * 4 * s * t.mbs * (m.hidden_size + copies * vocab) / t.tp
         parts = {
             "weights": states["weights"],
             "gradients": states["gradients"],

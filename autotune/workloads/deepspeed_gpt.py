@@ -252,7 +252,7 @@ def _norm(spec: ModelSpec) -> nn.Module:
     return nn.LayerNorm(spec.hidden_size, eps=1e-5)
 
 
-def _rope(x: torch.Tensor, offset: int, base: float = 10000.0) -> torch.Tensor:
+def rotary(x: torch.Tensor, offset: int, base: float = 10000.0) -> torch.Tensor:
     """Rotary embedding of x [batch, seq, heads, head_dim] at positions offset, offset+1, ..."""
     dim = x.shape[-1]
     inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim)
@@ -312,7 +312,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(batch, seq, -1, self.head_dim)
         if self.rope:
             offset = self.sp_rank * seq
-            q, k = _rope(q, offset), _rope(k, offset)
+            q, k = rotary(q, offset), rotary(k, offset)
         out = self.core(q, k, v, 0) if self.ulysses else self.core(q, k, v)
         return self.o_proj(out.reshape(batch, seq, -1))
 

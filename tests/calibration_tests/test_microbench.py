@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -111,7 +113,7 @@ def test_fit_recovers_known_constants(cpu_cfg) -> None:
     truth = constants_for(gpu_cfg.cluster.gpu).model_copy(update={
         "gemm_efficiency": 0.62, "gemm_half_size": 900.0, "attention_efficiency": 0.41,
         "hbm_efficiency": 0.7, "nvlink_efficiency": 0.55, "latency_base_s": 2e-5,
-        "latency_intra_s": 5e-6})
+        "latency_intra_s": 5e-6, "eager_efficiency": 0.45, "eager_op_s": 1.5e-5})
     peak = 989.4e12
     points = []
     for m, n, k in [(512, 512, 512), (1024, 4096, 4096), (4096, 4096, 4096), (8192, 14336, 4096),
@@ -125,6 +127,11 @@ def test_fit_recovers_known_constants(cpu_cfg) -> None:
                         seconds=flops / (peak * 0.41), rate=flops / (flops / (peak * 0.41))))
     points.append(Point(kind="elementwise", op="add", dtype="fp32", shape={"bytes": 3 << 28},
                         ranks=[0], seconds=(3 << 28) / (3.35e12 * 0.7), rate=1.0))
+    for tokens in (32, 512, 8192, 65536):  # the eager benchmark: 78 h elements, 50 ops
+        moved, ops = 78 * 256 * tokens * 4, 50
+        points.append(Point(kind="eager", op="layer_ops", dtype="fp32",
+                            shape={"tokens": tokens, "bytes": moved, "ops": ops}, ranks=[0],
+                            seconds=moved / (3.35e12 * 0.7 * 0.45) + ops * 1.5e-5, rate=1.0))
     comm = [Point(kind="collective", op=op, shape={"bytes": size}, ranks=list(range(g)),
                   seconds=1.0, rate=1.0)
             for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -139,7 +146,28 @@ def test_fit_recovers_known_constants(cpu_cfg) -> None:
     base = constants_for(gpu_cfg.cluster.gpu)
     fitted, predicted = fit_kernels(gpu_cfg, noisy, base)
     for name in ("gemm_efficiency", "gemm_half_size", "attention_efficiency", "hbm_efficiency",
-                 "nvlink_efficiency"):
+                 "nvlink_efficiency", "eager_efficiency", "eager_op_s"):
         assert fitted[name].value == pytest.approx(getattr(truth, name), rel=0.05), name
     assert fitted["gemm_efficiency"].median_residual < 0.03
     assert all(p.predicted_s is not None for p in predicted)
+
+
+def test_eager_benchmark_dispatches_the_layer_ops(tmp_path: Path) -> None:
+    """Oracle: a real worker process, and the ops worked out by hand from the benchmark's code
+    (RMSNorm 6 forward + 14 backward, rotary 15 + 7, silu and mul 2 + 3, the residual add, the
+    sums of x's and of the norm output's two gradients: 50) and their bytes (per token, in
+    units of h: RMSNorm 7 + 24, rotary 10 + 14, silu and mul 5 + 9, the three adds 3 each:
+    78 h fp32 elements; the rotary tables and the norm's per-token statistics add a few %)."""
+    hidden, tokens = 64, [32, 512]
+    plan = _small_plan(gemms=[], attention=[], elementwise_bytes=[], group_sizes=[],
+                       eager={"hidden": hidden, "heads": 4, "tokens": tokens})
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "autotune.calibration.bench_worker", "--plan",
+                    str(tmp_path / "plan.json"), "--out", str(tmp_path)], env=env, check=True)
+    points, _, _ = read_points(tmp_path)
+    assert [p.shape["tokens"] for p in points] == tokens
+    for p in points:
+        assert p.shape["ops"] == 50
+        assert p.shape["bytes"] == pytest.approx(78 * hidden * p.shape["tokens"] * 4, rel=0.05)
+        assert p.seconds > 0

@@ -14,6 +14,7 @@ import yaml
 
 from autotune import Layout
 from autotune import load_config
+from autotune.frameworks.deepspeed import BUILTIN_PROGRAM
 from autotune.render import TrainProgram
 from autotune.render import write_artifacts
 from autotune.specs import JobSpec
@@ -146,3 +147,24 @@ def test_deepspeed_node_script_starts_the_rendered_torchrun(kind: str, tmp_path:
         "--master_port", "6000", "train.py", "--data", "/d", "--deepspeed_config",
         f"{workdir}/ds_config.json",
     ]
+
+
+def test_builtin_deepspeed_manifests_carry_sbatch_training_length(tmp_path: Path) -> None:
+    """Oracle: bash running sbatch.sh's own TRAIN_TOKENS/TRAIN_ITERS lines. The manifests of a
+    folder rendered with the built-in program train as long as sbatch.sh would (the program
+    refuses to start without TRAIN_ITERS) on tokens.npy in the folder each platform mounts."""
+    cfg = load_config("llama2-7b", "dgx-h100:2", framework="deepspeed")
+    layout = Layout(dp=16, zero=2, gas=1024 // 16)
+    paths = write_artifacts(cfg, layout, tmp_path / "builtin", program=BUILTIN_PROGRAM)
+    lines = [line for line in paths["sbatch.sh"].read_text().splitlines()
+             if line.startswith(("export TRAIN_TOKENS=", "export TRAIN_ITERS="))]
+    iters = subprocess.run(["bash", "-c", "\n".join([*lines, 'echo "$TRAIN_ITERS"'])],
+                           capture_output=True, text=True, check=True, env={}).stdout.strip()
+    pod = yaml.safe_load(paths["pytorchjob.yaml"].read_text())["spec"]["pytorchReplicaSpecs"][
+        "Master"]["template"]["spec"]["containers"][0]
+    pod_env = {item["name"]: item["value"] for item in pod["env"]}
+    sky_env = yaml.safe_load(paths["skypilot.yaml"].read_text())["envs"]
+    assert int(iters) > 0
+    assert pod_env["TRAIN_ITERS"] == sky_env["TRAIN_ITERS"] == iters
+    assert pod_env["DATA_PATH"] == "/artifacts/tokens.npy"  # the volume holding this folder
+    assert sky_env["DATA_PATH"] == "./tokens.npy"  # SkyPilot runs in the synced workdir

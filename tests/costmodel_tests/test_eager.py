@@ -1,0 +1,78 @@
+"""The eager stack's terms against what PyTorch does for the workload's layer.
+
+Oracle: one `DecoderLayer` of `autotune.workloads.deepspeed_gpt` (the layer CPU trials train)
+in fp32 on CPU: forward and backward under `ElementwiseCount` (a `TorchDispatchMode`: every
+non-GEMM, non-view ATen op and the bytes of the tensors it reads and writes), and its forward
+under `saved_bytes` (`torch.autograd.graph.saved_tensors_hooks`: every storage autograd keeps
+for the backward, the parameters left out).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autotune.costmodel.eager import eager_elementwise
+from autotune.costmodel.eager import saved_activation_bytes
+from autotune.frameworks import framework_of
+from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.specs import AutotuneConfig
+from autotune.specs import ModelSpec
+from autotune.specs.inputs import load_model
+from autotune.workloads.common import trial_config
+from autotune.workloads.deepspeed_gpt import DecoderLayer
+from autotune.workloads.dispatch import ElementwiseCount
+from autotune.workloads.dispatch import saved_bytes
+
+LLAMA_GQA = {"num_layers": 2, "hidden_size": 192, "num_attention_heads": 6,
+             "num_query_groups": 2, "ffn_hidden_size": 512, "vocab_size": 1000,
+             "activation": "swiglu", "normalization": "rmsnorm", "position_embedding": "rope",
+             "add_bias_linear": False, "tied_embeddings": False}
+GPT = {"num_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "vocab_size": 1000,
+       "ffn_hidden_size": 384}
+"""Shapes besides tiny-gpt: GQA with other widths; GPT-style LayerNorm, GELU and biases."""
+
+
+def _problem(spec: ModelSpec, seq: int, mbs: int,
+             recompute: str = "none") -> tuple[AutotuneConfig, LayoutTable]:
+    cfg = trial_config(spec, world_size=1, seq_length=seq, global_batch_size=mbs,
+                       precision="fp32", framework="deepspeed")
+    layout = Layout.parse(f"tp=1,pp=1,cp=1,zero=0,mbs={mbs},recompute={recompute}", 1, mbs,
+                          framework_of(cfg))
+    return cfg, LayoutTable.from_layouts([layout])
+
+
+@pytest.mark.parametrize(("spec", "seq", "mbs"), [
+    (load_model("tiny-gpt"), 256, 1), (ModelSpec(**LLAMA_GQA), 128, 2), (ModelSpec(**GPT), 64, 3)
+], ids=["tiny-gpt", "llama-gqa", "gpt"])
+def test_eager_count_matches_the_dispatched_ops(spec: ModelSpec, seq: int, mbs: int) -> None:
+    """The model's bytes are within 3 % of the dispatched ops' bytes (it leaves out the rotary
+    tables and the norms' per-token statistics) and its op count is exact."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    layer = DecoderLayer(spec, "none", None, 0)
+    x = torch.randn(mbs, seq, spec.hidden_size, requires_grad=True)
+    grad = torch.randn_like(x)
+    with ElementwiseCount() as count:
+        layer(x).backward(grad)
+    cfg, table = _problem(spec, seq, mbs)
+    moved, ops = eager_elementwise(cfg, table)
+    assert int(ops[0]) == count.ops, count.names
+    assert float(moved[0]) == pytest.approx(count.bytes, rel=0.03)
+
+
+@pytest.mark.parametrize(("spec", "seq", "mbs", "recompute"), [
+    (load_model("tiny-gpt"), 256, 1, "none"), (load_model("tiny-gpt"), 128, 4, "selective"),
+    (ModelSpec(**LLAMA_GQA), 128, 2, "none"), (ModelSpec(**GPT), 64, 3, "none"),
+], ids=["tiny-gpt", "tiny-gpt-selective", "llama-gqa", "gpt"])
+def test_eager_activations_match_what_autograd_saves(spec: ModelSpec, seq: int, mbs: int,
+                                                     recompute: str) -> None:
+    """The model's activation bytes per layer are within 2 % of the storages autograd keeps
+    (the layer's input included: the model charges each layer its input)."""
+    torch.manual_seed(0)
+    layer = DecoderLayer(spec, recompute, None, 0)
+    x = torch.randn(mbs, seq, spec.hidden_size, requires_grad=True)
+    kept = saved_bytes(lambda: layer(x), layer.parameters())
+    cfg, table = _problem(spec, seq, mbs, recompute)
+    assert float(saved_activation_bytes(cfg, table)[0]) == pytest.approx(kept, rel=0.02)
