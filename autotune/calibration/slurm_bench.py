@@ -143,10 +143,14 @@ def run_slurm(
     job_id = submit(script, runner.environment())
     (out / JOB_FILE).write_text(json.dumps({"job_id": job_id, "submitted": time.time()}) + "\n")
     info, overran = _follow(job_id, out, timeout_s, poll_s, on_progress, on_state)
-    points, devices, last = read_points(out)
-    world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
-    done = {rank for rank, record in last.items() if record.get("event") == "done"}
     state = info.state if info else "UNKNOWN"
+    world = cfg.cluster.nodes * cfg.cluster.gpus_per_node
+    for wait_s in (0.0, 2.0):  # a shared file system may show the last records late
+        time.sleep(wait_s)
+        points, devices, last = read_points(out)
+        done = {rank for rank, record in last.items() if record.get("event") == "done"}
+        if state != "COMPLETED" or len(done) == world:
+            break
     if state == "COMPLETED" and len(done) == world and not overran:
         return points, devices, job_id
     message = lost_job(out, job_id, info, world, done, timeout_s if overran else None)
@@ -195,7 +199,7 @@ def _exits(out: Path) -> list[tuple[float, int, int]]:
 
 
 def lost_job(out: Path, job_id: str, info: JobInfo | None, world: int, done: set[int],
-          overran_s: float | None) -> str:
+             overran_s: float | None) -> str:
     """The line naming what the job lost (see the module docstring)."""
     state = info.state if info else "UNKNOWN"
     ended = f"Slurm job {job_id} {state}" + (f" on {info.nodes}" if info and info.nodes else "")

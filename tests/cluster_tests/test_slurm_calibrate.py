@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers_cluster import GBS
+from helpers_cluster import SEQ
 from helpers_cluster import accounting
 
 from autotune.calibration.calibrate import calibrate_cluster
@@ -46,6 +48,11 @@ def _nice_workers(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.setattr(sys, "executable", str(wrapper))
 
 
+SMALL = ("-m", "tiny-gpt", "-c", "local", "--processes", "2", "--seq", str(SEQ), "--gbs",
+         str(GBS))
+"""The cluster tests' tiny problem (short sequences: small GEMMs, a calibration in seconds)."""
+
+
 def _node() -> str:
     """The one node of the test cluster, as Slurm names it."""
     done = subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True,
@@ -68,8 +75,7 @@ def test_calibrate_through_slurm_then_estimate(tmp_path: Path) -> None:
     inter-node link was measured, and `estimate --calibration` takes it."""
     folder = tmp_path / "it's a $(touch pwned) folder"
     out = folder / "cal.yaml"
-    done = cli("calibrate", "-m", "tiny-gpt", "-c", "local", "--processes", "2",
-               "--runner", "slurm", "--time-limit", "10", "--out", out)
+    done = cli("calibrate", *SMALL, "--runner", "slurm", "--time-limit", "10", "--out", out)
     assert done.code == 0, done.err + done.out
     assert not (Path.cwd() / "pwned").exists() and not (folder / "pwned").exists()
     calibration = load_calibration(out)
@@ -91,12 +97,11 @@ def test_calibrate_through_slurm_then_estimate(tmp_path: Path) -> None:
     assert f"links within a node: {fastest / 1e9:.3g} GB/s measured" in done.out
     assert "links between nodes" not in done.out
     assert f"Slurm job {calibration.job_id}" in done.out
-    estimated = cli("estimate", "-m", "tiny-gpt", "-c", "local", "--processes", "2",
-                    "--framework", "deepspeed", "-l", "tp=1,pp=1,zero=1,mbs=2", "--json",
-                    "--calibration", out)
+    estimated = cli("estimate", *SMALL, "--framework", "deepspeed", "-l",
+                    "tp=1,pp=1,zero=1,mbs=2", "--json", "--calibration", out)
     assert estimated.code == 0, estimated.err
-    plain = cli("estimate", "-m", "tiny-gpt", "-c", "local", "--processes", "2",
-                "--framework", "deepspeed", "-l", "tp=1,pp=1,zero=1,mbs=2", "--json")
+    plain = cli("estimate", *SMALL, "--framework", "deepspeed", "-l", "tp=1,pp=1,zero=1,mbs=2",
+                "--json")
     assert json.loads(estimated.out)["step_time_s"] != json.loads(plain.out)["step_time_s"]
 
 
