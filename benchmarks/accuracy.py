@@ -408,6 +408,18 @@ def main() -> None:
                 summary.add_row(*summary_row(f"  {precision}", part, cv, insample, peer))
     console.print(summary)
 
+    if moe:
+        unseen = leave_one_model_out(moe, fits)
+        per_row = Table(title="MoE rows: |error| as above (+ = predicted too fast)")
+        for column in ("row", "model", "source", "prec", "CV err", "in-sample err",
+                       "model left out err"):
+            per_row.add_column(column)
+        for p in moe:
+            cells = [f"{p.step_time_s / got[p.name] - 1:+.1%}" if p.name in got else "n/a"
+                     for got in (cv, insample, unseen)]
+            per_row.add_row(p.name, p.cfg.model.name, p.source, p.cfg.train.precision, *cells)
+        console.print(per_row)
+
     constants = Table(title="Constants fitted on every source (in-sample); '-' = not identified")
     for column in ("GPU / stack", *FITTED, *MOE_FITTED):
         constants.add_column(column)
@@ -457,7 +469,6 @@ def main() -> None:
                       f"{'met' if np.median(moe_errors) <= 0.15 else 'NOT met'} "
                       f"(max {np.max(moe_errors):.1%}, {moe_errors.size} rows, "
                       f"{len({p.source for p in moe})} sources)")
-        unseen = leave_one_model_out(moe, fits)
         errors = cv_errors(moe, unseen)
         console.print(f"MoE leave one model out (the MoE constants fitted without every row of "
                       f"the model, dense constants in-sample): {np.median(errors):.1%} / "

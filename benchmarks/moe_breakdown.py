@@ -7,10 +7,11 @@ For every measured MoE row of data/published_runs.csv (the model's fastest candi
 source leaves settings open), with the stored constants of its (GPU, stack): the measured and
 predicted step time, the error in throughput (measured/predicted step − 1, + = predicted too
 fast), the step-time parts (`autotune.costmodel.step_time.TIME_PARTS`, shares of the step), and
-inside one MoE layer's forward on the slowest rank: the routed-expert grouped GEMMs (with the
-GEMM efficiency their per-expert size reaches), the other GEMMs, attention and the memory-bound
-kernels, with the tokens per local expert (M of the grouped GEMM). These are predictions, not
-measurements: the published runs state only their throughput.
+inside one MoE layer's forward on the slowest rank (ms): the routed-expert grouped GEMMs, the
+other GEMMs, attention and the memory-bound kernels, with the tokens per local expert (M of the
+grouped GEMM) and the fraction of the training precision's peak the expert up-projection
+reaches ("eff": `gemm_efficiency` at its shape times the grouped GEMM efficiency). These are
+predictions, not measurements: the published runs state only their throughput.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def main() -> None:
         expert_s = sum(s for g, s in zip(gemms, seconds, strict=True) if g.routed)
         other_s = sum(s for g, s in zip(gemms, seconds, strict=True) if not g.routed)
         up = next(g for g in gemms if g.routed)
-        eff = float(np.squeeze(gemm_efficiency(up.m * up.slow, up.n, up.k, k,
-                                               cfg.train.precision == "fp8")))
+        fp8 = cfg.train.precision == "fp8"
+        grouped = k.fp8_grouped_gemm_efficiency if fp8 else k.grouped_gemm_efficiency
+        eff = grouped * float(np.squeeze(gemm_efficiency(up.m * up.slow, up.n, up.k, k, fp8)))
         layer = layer_times(cfg, one, k, moe=True)
         table.add_row(
             run.name, layout.text,

@@ -4,10 +4,13 @@ Oracles: the attention mask enumerated key by key (megatron-core `is_layer_windo
 a layer with 1-based number l slides its window where l % window_attn_skip_freq != 0); the
 Gemm arithmetic of a layer worked by hand (a grouped GEMM at efficiency e takes 1/e of the time
 one GEMM of its shape takes, the others are untouched); Megatron-LM's
-`--moe-router-force-load-balancing` flag (megatron/training/arguments.py).
+`--moe-router-force-load-balancing` flag (megatron/training/arguments.py) and megatron-core's
+`TransformerConfig` built with the rendered keyword arguments.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -19,6 +22,8 @@ from autotune.costmodel.kernels import layer_times
 from autotune.costmodel.kernels import window_share
 from autotune.costmodel.step_time import estimate_time
 from autotune.frameworks.megatron.args import megatron_args
+from autotune.frameworks.megatron.args import transformer_config_kwargs
+from autotune.frameworks.megatron.model import transformer_config_class
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import ModelSpec
@@ -75,7 +80,7 @@ def test_grouped_efficiency_slows_only_the_routed_experts(precision: str) -> Non
 def test_forced_balancing_charges_the_mean_load_and_renders_megatrons_flag() -> None:
     """Oracle: forced balancing gives every rank the mean load, so the step equals the one with
     `moe_load_imbalance` 1, and the rendered arguments carry Megatron's flag
-    `--moe-router-force-load-balancing`."""
+    `--moe-router-force-load-balancing`, which megatron-core's TransformerConfig accepts."""
     cfg, table, k = _moe_setup(moe_force_balance=True)
     plain, _, _ = _moe_setup()
     skewed = k.model_copy(update={"moe_load_imbalance": 1.5})
@@ -86,3 +91,7 @@ def test_forced_balancing_charges_the_mean_load_and_renders_megatrons_flag() -> 
     layout = Layout.derived(64, 256, tp=1, pp=1, ep=8, mbs=1)
     assert "--moe-router-force-load-balancing" in megatron_args(cfg, layout)
     assert "--moe-router-force-load-balancing" not in megatron_args(plain, layout)
+    with warnings.catch_warnings():  # megatron-core warns that Transformer Engine is absent
+        warnings.simplefilter("ignore")
+        config = transformer_config_class(cfg.model)(**transformer_config_kwargs(cfg, layout))
+    assert config.moe_router_force_load_balancing is True
