@@ -410,7 +410,7 @@ def main() -> None:
 
     if moe:
         unseen = leave_one_model_out(moe, fits)
-        per_row = Table(title="MoE rows: |error| as above (+ = predicted too fast)")
+        per_row = Table(title="MoE rows: measured / predicted step − 1 (+ = predicted too fast)")
         for column in ("row", "model", "source", "prec", "CV err", "in-sample err",
                        "model left out err"):
             per_row.add_column(column)
