@@ -73,6 +73,11 @@ RELEASED_FIELDS: dict[str, dict[str, Any]] = {
     "Qwen3-30B-A3B": {"kv_channels": 128, "qk_layernorm": True, "rotary_base": 1.0e6},
     # Qwen/Qwen3-235B-A22B config.json: the same head_dim, q/k norms and rope_theta
     "Qwen3-235B-A22B": {"kv_channels": 128, "qk_layernorm": True, "rotary_base": 1.0e6},
+    # openai/gpt-oss-120b config.json: head_dim 64, sliding_window 128 on every other layer
+    # (Megatron-Bridge's GPT-OSS bridge: window_size (127, 0), window_attn_skip_freq 2),
+    # rope_theta 150000
+    "GPT-OSS-120B": {"kv_channels": 64, "window_size": 127, "window_attn_skip_freq": 2,
+                     "rotary_base": 1.5e5},
 }
 """Fields of the released config.json that the CSV has no column for, by the `model` column."""
 RUN_SETTINGS: dict[str, dict[str, Any]] = {
@@ -94,16 +99,35 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
     "mbridge_2606_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
     "mbridge_26041_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
     "mbridge_26021_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
+    # the same file @ 0c7aef186 (26.02): Qwen3-30B-A3B on H100 runs DeepEP with the EP overlap,
+    # Qwen3-235B-A22B the overlap; @ 74695a06d (26.04): HybridEP without the overlap, and the
+    # overlap; @ 5776a6d90 (25.11): Qwen3-235B-A22B the overlap
+    "mbridge_2602_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex", "moe_a2a_overlap": True},
+    "mbridge_2602_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
+    "mbridge_2604_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
+    "mbridge_2604_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
+    "mbridge_2511_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
+    # scripts/performance/configs/gpt_oss/gpt_oss_llm_pretrain.py set_gpt_oss_common_configs
+    # (@ 0c7aef186, 74695a06d, cfeddcd94, 21d102f5e): gradients reduced in bf16, alltoall
+    **{f"mbridge_{tag}_h100_gptoss120b_64": {"grad_reduce_in_fp32": False}
+       for tag in ("2602", "26021", "2604", "26041")},
 }
 """Training settings of a run that its launch script sets and the CSV has no column for, by
 `row_id`."""
-FP8_BF16_GRADS = frozenset({"nemo_docs", "megatron_bridge", "mlperf_v41", "dgxc_2504"})
+FP8_BF16_GRADS = frozenset({"nemo_docs", "megatron_bridge", "mlperf_v41", "dgxc_2504",
+                            "mbridge_2602", "mbridge_26021", "mbridge_2604",
+                            "mbridge_26041", "mbridge_2606"})
 """Sources whose fp8 runs reduce gradients in bf16 (`TrainSpec.grad_reduce_in_fp32` false):
 NVIDIA's performance scripts. NVIDIA/NeMo `scripts/performance` sets
 `plugins.grad_reduce_in_fp32 = False` with fp8; NVIDIA-NeMo/Megatron-Bridge
 `scripts/performance` sets `mixed_precision.grad_reduce_in_fp32 = False` and
 `ddp.grad_reduce_in_fp32 = False`; the MLPerf v4.1 submission's precision file is not in the
 stored copy and is taken to follow the same scripts (data/README.md)."""
+FORCE_BALANCED = frozenset({"megatron_bridge", "mbridge_2602", "mbridge_26021", "mbridge_2604",
+                            "mbridge_26041", "mbridge_2606"})
+"""Sources whose MoE runs force-balance their routing (`TrainSpec.moe_force_balance`): the
+Megatron-Bridge performance summary's footnote ("we force-balance the token distribution among
+experts"; the scripts set `moe_router_force_load_balancing = True`)."""
 BF16_GRAD_SYNC = ("dgxc2411_", "dgxc2504_gpt3")
 """Row-id prefixes of runs whose gradients are reduced in bf16 at every precision: NeMo 1.0
 launcher configs of NVIDIA/dgxc-benchmarking (`optim.grad_sync_dtype: bf16`)."""
@@ -300,6 +324,8 @@ def problem(row: dict[str, str]) -> AutotuneConfig:
     if (row["source_id"] in FP8_BF16_GRADS and setup["precision"] == "fp8"
             or row["row_id"].startswith(BF16_GRAD_SYNC)):
         setup["grad_reduce_in_fp32"] = False
+    if row["num_experts"] and row["source_id"] in FORCE_BALANCED:
+        setup["moe_force_balance"] = True
     train = TrainSpec(**(setup | RUN_SETTINGS.get(row["row_id"], {})))
     return AutotuneConfig(
         model=model_spec(row), cluster=cluster.model_copy(update=update), train=train

@@ -108,15 +108,30 @@ class Constants(BaseModel):
     the compute it overlaps (NCCL kernels take SMs and HBM bandwidth). Unit: dimensionless.
     Source: NCCL runs 8-16 channels (one SM each) of the GPU's 108-132 SMs while it overlaps,
     about a tenth. Fit bounds 0.5-1 (trial refits; the published runs do not identify it)."""
+    grouped_gemm_efficiency: float = _fitted(1.0, 0.2, 1.0, gt=0, le=1)
+    """Rate of a routed-expert grouped GEMM relative to one GEMM of the same per-expert shape
+    (`gemm_efficiency` at that size): the grouped kernels (Transformer Engine's GroupedLinear,
+    one cuBLAS GEMM per local expert on a few streams, with per-expert FP8 casts and scales;
+    the grouped_gemm / CUTLASS grouped kernels in 16 bits) lose tile occupancy across experts
+    and host launch time per expert. Unit: dimensionless (1 = as fast as one GEMM). Source:
+    fitted on the 16-bit MoE rows of data/published_runs.csv (`benchmarks/accuracy.py`).
+    Fit bounds 0.2-1."""
+    fp8_grouped_gemm_efficiency: float = _fitted(1.0, 0.2, 1.0, gt=0, le=1)
+    """`grouped_gemm_efficiency` of FP8 training's routed experts (relative to one FP8 GEMM of
+    the same shape): Transformer Engine quantizes each expert's inputs and gradients in its own
+    kernels (amax, scale, cast and transpose per expert) around the per-expert FP8 GEMMs. Unit:
+    dimensionless. Source: fitted on the fp8 MoE rows of data/published_runs.csv.
+    Fit bounds 0.2-1."""
     moe_load_imbalance: float = Field(default=1.1, ge=1, le=4)
     """Tokens the most loaded expert-parallel rank receives over the mean (dropless routing):
     it scales that rank's expert GEMMs, its all-to-all bytes and its routed activations, and
-    the whole expert-parallel group waits for it. Unit: dimensionless (1 = perfect balance, as
-    in benchmarks with forced-balanced routing). Source: Loss-Free Balancing (the most loaded
-    expert of a batch stays well above the mean with an auxiliary loss, closer to it with expert
-    biases); a rank holds E/ep experts, which averages the per-expert excess down, so the
-    default charges the slowest rank 10 %. Not fitted (no published run measures it: both MoE
-    rows of data/published_runs.csv force-balance their routing)."""
+    the whole expert-parallel group waits for it; not charged under forced balancing
+    (`TrainSpec.moe_force_balance`). Unit: dimensionless (1 = perfect balance). Source:
+    Loss-Free Balancing (the most loaded expert of a batch stays well above the mean with an
+    auxiliary loss, closer to it with expert biases); a rank holds E/ep experts, which averages
+    the per-expert excess down, so the default charges the slowest rank 10 %. Not fitted (no
+    published run measures it: every MoE row of data/published_runs.csv force-balances its
+    routing)."""
     cpu_adam_params_per_s: float = Field(default=1.0e9, gt=0)
     """Parameters one node's CPUs update per second with DeepSpeedCPUAdam (offload). Unit:
     1/s. Source: ZeRO-Offload (Ren et al. 2021: ~1e9 parameters/s per node). Not fitted."""

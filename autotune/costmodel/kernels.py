@@ -26,7 +26,7 @@ GEMM whose M is the token copies per local expert (`routed_tokens`·ep/E) and wh
 expert width split by etp. That M is small (a micro-batch of one 4k sequence: Mixtral at tp 1,
 ep 8 gives 4k·2·8/8 = 8k; DeepSeek-V3 at tp 2, ep 64 gives 2k·8·64/256 = 4k; at ep 8, 512), so
 `gemm_efficiency` at that size is the grouped GEMM's efficiency. The most loaded
-expert-parallel rank gets `moe_load_imbalance` times the mean copies; the layer waits for it, so
+expert-parallel rank gets `load_imbalance` times the mean copies; the layer waits for it, so
 its expert GEMMs and routed memory traffic set the time (FLOPs executed stay the balanced
 count). A stage runs dense and MoE layers in the model's proportion (`mean_layer_times`).
 """
@@ -44,8 +44,10 @@ from autotune.costmodel.eager import runs_eager
 from autotune.costmodel.flops import attention_flops_per_token_per_layer
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
+from autotune.specs import ModelSpec
 from autotune.specs.params import Projection
 from autotune.specs.params import projections
+from autotune.specs.types import Precision
 
 SCORE_BYTES_FORWARD = 13
 """Unfused attention, bytes per score element forward: write scores (2), fused scale-mask-
@@ -74,6 +76,8 @@ class Gemm:
     fp8: bool = True
     """Runs in FP8 in FP8 training (routers stay 16-bit)."""
     slow: Any = 1.0
+    routed: bool = False
+    """A routed expert's grouped GEMM (M: token copies per local expert)."""
 
 
 def _tp_gemms(parts: tuple[Projection, ...], n: Any, tp: np.ndarray) -> list[Gemm]:
@@ -82,6 +86,12 @@ def _tp_gemms(parts: tuple[Projection, ...], n: Any, tp: np.ndarray) -> list[Gem
     return [Gemm(n, p.outputs / tp if p.split == "outputs" else p.outputs * ones,
                  p.inputs / tp if p.split == "inputs" else p.inputs * ones,
                  column=p.split == "outputs") for p in parts]
+
+
+def load_imbalance(cfg: AutotuneConfig, k: Constants) -> float:
+    """Routed copies of the most loaded expert-parallel rank over the mean: 1 under forced
+    balancing (`TrainSpec.moe_force_balance`), else `moe_load_imbalance`."""
+    return 1.0 if cfg.train.moe_force_balance else k.moe_load_imbalance
 
 
 def routed_tokens(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
@@ -119,9 +129,28 @@ def layer_gemms(cfg: AutotuneConfig, t: LayoutTable, k: Constants, moe: bool) ->
     per_expert = routed_tokens(cfg, t) * t.ep / experts
     local = experts / t.ep
     up, down = shapes.expert  # split by etp
-    slow = k.moe_load_imbalance
-    return gemms + [Gemm(per_expert, up.outputs / t.etp, up.inputs * ones, local, slow=slow),
-                    Gemm(per_expert, down.outputs * ones, down.inputs / t.etp, local, slow=slow)]
+    slow = load_imbalance(cfg, k)
+    return gemms + [Gemm(per_expert, up.outputs / t.etp, up.inputs * ones, local, slow=slow,
+                         routed=True),
+                    Gemm(per_expert, down.outputs * ones, down.inputs / t.etp, local, slow=slow,
+                         routed=True)]
+
+
+def window_share(m: ModelSpec, seq: int) -> float:
+    """Keys a query attends to, over the layers, relative to full causal attention: 1 without
+    a sliding window. A window of W keys before the query (Megatron's `--window-size W,0`)
+    attends to min(i + 1, W + 1) keys at position i, W + 1 − W(W + 1)/(2s) on average against
+    (s + 1)/2 causally; it runs on the layers whose 1-based number is not a multiple of
+    `window_attn_skip_freq` (megatron-core `is_layer_window_attention`), on all without it.
+    Fused (cuDNN / flash) attention skips the blocks outside the window."""
+    w = m.window_size
+    if w is None or w + 1 >= seq:
+        return 1.0
+    freq = m.window_attn_skip_freq
+    windowed = m.num_layers if freq is None else sum(
+        1 for layer in range(1, m.num_layers + 1) if layer % freq != 0)
+    ratio = (w + 1 - w * (w + 1) / (2 * seq)) / ((seq + 1) / 2)
+    return 1.0 - windowed / m.num_layers * (1.0 - ratio)
 
 
 def gemm_efficiency(m: Any, n: Any, kk: Any, k: Constants, fp8: bool = False) -> Any:
@@ -129,6 +158,31 @@ def gemm_efficiency(m: Any, n: Any, kk: Any, k: Constants, fp8: bool = False) ->
     x = np.cbrt(m * n * kk)
     top = k.fp8_gemm_efficiency if fp8 else k.gemm_efficiency
     return top * x / (x + k.gemm_half_size)
+
+
+def gemm_seconds(cfg: AutotuneConfig, gemm: Gemm, k: Constants) -> tuple[Any, Any]:
+    """(forward seconds on the slowest rank, balanced forward FLOPs) of one layer GEMM: FP8
+    GEMMs at the FP8 peak in FP8 training, the rest at the 16-bit peak; a routed expert's
+    grouped GEMM at `grouped_gemm_efficiency` (FP8: `fp8_grouped_gemm_efficiency`) of the rate
+    one GEMM of its shape reaches."""
+    train, gpu = cfg.train, cfg.cluster.gpu
+    fp8 = train.precision == "fp8" and gemm.fp8
+    name: Precision = "fp8" if fp8 else _sixteen(cfg)
+    peak = gpu.peak_tflops[name] * 1e12
+    flops = 2 * gemm.m * gemm.n * gemm.k * gemm.count
+    rate = peak * gemm_efficiency(gemm.m * gemm.slow, gemm.n, gemm.k, k, fp8)
+    if gemm.routed:
+        rate = rate * (k.fp8_grouped_gemm_efficiency if fp8 else k.grouped_gemm_efficiency)
+    return flops * gemm.slow / rate, flops
+
+
+def _sixteen(cfg: AutotuneConfig) -> Precision:
+    """The peak that what runs outside FP8 GEMMs uses: bf16 in FP8 training (where the GPU
+    lists it), else the training precision's."""
+    precision = cfg.train.precision
+    if precision == "fp8" and "bf16" in cfg.cluster.gpu.peak_tflops:
+        return "bf16"
+    return precision
 
 
 def elementwise_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
@@ -160,7 +214,7 @@ def elementwise_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     total: np.ndarray = n * (replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp)
     if not moe:
         return total
-    copies = routed_tokens(cfg, t) * k.moe_load_imbalance
+    copies = routed_tokens(cfg, t) * load_imbalance(cfg, k)
     per_copy = act * m.moe_ffn / t.etp + 2 * (2 * 2 * h)
     if fp8:
         per_copy = per_copy + FP8_CAST_BYTES * (h + m.moe_ffn / t.etp)
@@ -211,10 +265,8 @@ def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
                 moe: bool = False) -> LayerTimes:
     """One dense (or MoE) layer's compute for one micro-batch on one GPU of each layout."""
     m, train, gpu = cfg.model, cfg.train, cfg.cluster.gpu
-    fp8 = train.precision == "fp8"
-    peak = gpu.peak_tflops[train.precision] * 1e12
     # what runs outside FP8 GEMMs runs at 16 bits in FP8 training, else at the training precision
-    peak16 = gpu.peak_tflops.get("bf16", gpu.peak_tflops[train.precision]) * 1e12 if fp8 else peak
+    peak16 = gpu.peak_tflops[_sixteen(cfg)] * 1e12
     hbm = gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
     s = train.seq_length
     n = t.mbs * s / t.cp  # tokens of this GPU (all of them enter every tensor-parallel GEMM)
@@ -223,18 +275,16 @@ def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     column = np.zeros(len(t))
     linear_flops = np.zeros(len(t))
     for gemm in layer_gemms(cfg, t, k, moe):
-        low = fp8 and gemm.fp8
-        flops = 2 * gemm.m * gemm.n * gemm.k * gemm.count
-        m_slow = gemm.m * gemm.slow
-        rate = (peak if low else peak16) * gemm_efficiency(m_slow, gemm.n, gemm.k, k, low)
-        seconds = flops * gemm.slow / rate
+        seconds, flops = gemm_seconds(cfg, gemm, k)
         linear, linear_flops = linear + seconds, linear_flops + flops
         if gemm.column:
             column = column + 2 * seconds
 
-    # attention: causal FLOPs of s/cp queries over the sequence, split over tp
+    # attention: causal FLOPs of s/cp queries over the sequence (or its windows), split over tp
     fused = train.flash_attention
     causal = n * attention_flops_per_token_per_layer(m, s) / t.tp / 3  # forward
+    if fused:
+        causal = causal * window_share(m, s)
     heads = m.num_attention_heads / t.tp
     if fused:
         attention = causal / (peak16 * k.attention_efficiency)

@@ -9,7 +9,7 @@ by t;
 flash attention and selective recompute drop the score term; full recompute keeps only each
 layer's 2·s·b·h input. A MoE layer stores, instead of the dense MLP's intermediates, its shared
 experts' (split by tp), the routed copies the slowest expert-parallel rank receives
-(`kernels.routed_tokens` times `moe_load_imbalance`: expert input and output, 2h + 2h, and the
+(`kernels.routed_tokens` times `kernels.load_imbalance`: expert input and output, 2h + 2h, and the
 expert MLP intermediates split by etp) and the router's probabilities and routing map; a stage
 holds dense and MoE layers in the model's proportion. Model states of routed experts (E/ep
 experts split by etp, `autotune.costmodel.sharding`) are sharded by ZeRO over the expert
@@ -31,6 +31,7 @@ import numpy as np
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.eager import runs_eager
 from autotune.costmodel.eager import saved_activation_bytes
+from autotune.costmodel.kernels import load_imbalance
 from autotune.costmodel.kernels import routed_tokens
 from autotune.costmodel.sharding import element_bytes
 from autotune.costmodel.sharding import expert_params_on_rank
@@ -94,7 +95,7 @@ def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     # the slowest rank's routed copies: expert input and output (2h + 2h, the output kept for
     # the routing-probability gradient) and the expert MLP intermediates (width / etp); the
     # router's fp32 probabilities and 1-byte routing map over E experts for its own tokens
-    copies = routed_tokens(cfg, t) * k.moe_load_imbalance
+    copies = routed_tokens(cfg, t) * load_imbalance(cfg, k)
     routed = copies * (4 * m.hidden_size + act * m.moe_ffn / t.etp)
     if te_fp8:  # the grouped GEMMs keep their inputs in fp8
         routed = routed - copies * (m.hidden_size + m.moe_ffn / t.etp)

@@ -51,6 +51,7 @@ from autotune.costmodel.constants import Constants
 from autotune.costmodel.expert_dispatch import a2a_overlap_runs
 from autotune.costmodel.expert_dispatch import dispatch_bytes
 from autotune.costmodel.kernels import head_times
+from autotune.costmodel.kernels import load_imbalance
 from autotune.costmodel.kernels import mean_layer_times
 from autotune.costmodel.kernels import routed_tokens
 from autotune.costmodel.sharding import element_bytes
@@ -157,7 +158,7 @@ def _ep_layer_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> np.ndarray
 
     Dispatch and combine over the ep group, forward and backward (4, 6 when full recompute
     repeats the forward); each moves the rank's s·b/(cp·tp) routed tokens times
-    `moe_load_imbalance` (the slowest rank receives the most and the group waits for it),
+    `kernels.load_imbalance` (the slowest rank receives the most and the group waits for it),
     16-bit, as `expert_dispatch.dispatch_bytes` counts them for `TrainSpec.moe_token_dispatcher`
     (alltoall: every top-k copy; flex/DeepEP: once per other node over the network). The ep
     group's ranks are consecutive after etp (Megatron's expert grid order tp-ep-dp-pp with
@@ -167,7 +168,7 @@ def _ep_layer_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> np.ndarray
     """
     m, gpn = cfg.model, cfg.cluster.gpus_per_node
     passes = 4 + 2 * (t.recompute == 2)
-    copies = routed_tokens(cfg, t) * k.moe_load_imbalance
+    copies = routed_tokens(cfg, t) * load_imbalance(cfg, k)
     ranks = t.ep.astype(float)
     local, nodes = nodes_spanned(ranks, np.maximum(gpn // t.etp, 1))
     tokens = copies / (m.moe_router_topk * t.etp)

@@ -83,6 +83,12 @@ class TrainSpec(BaseModel):
     --delay-wgrad-compute`, off by default): a micro-batch's dispatch and combine run under
     another's forward and backward, on the layouts that allow it
     (`autotune.costmodel.expert_dispatch.a2a_overlap_runs`)."""
+    moe_force_balance: Annotated[StrictBool,
+                                 OnlyFor("megatron", "--moe-router-force-load-balancing")] = False
+    """Benchmark routing (Megatron's `--moe-router-force-load-balancing`): tokens go to experts
+    evenly, so every expert-parallel rank carries the mean load and `moe_load_imbalance` is not
+    charged. For throughput benchmarks only (NVIDIA's MoE performance tables run it): the
+    model does not learn its routing."""
 
     @model_validator(mode="after")
     def _check_framework_options(self) -> TrainSpec:

@@ -192,6 +192,18 @@ def test_moe_rows_are_read_with_their_experts(row_id: str, total_b: float,
     assert {lay.ep for lay in layouts} == {int(row["ep"])}
 
 
+def test_gpt_oss_rows_are_read_with_their_experts_and_windows() -> None:
+    """Oracle: OpenAI's gpt-oss-120b model card (Table 1: 116.83B parameters, 5.13B active per
+    token, the embedding table not counted) and openai/gpt-oss-120b's config.json (a 128-token
+    sliding window on every other layer, head_dim 64)."""
+    row = ROWS["mbridge_2602_h100_gptoss120b_64"]
+    model = model_spec(row)
+    assert model.num_params() / 1e9 == pytest.approx(116.83, abs=0.005)
+    embedding = model.vocab_size * model.hidden_size
+    assert (model.active_params() - embedding) / 1e9 == pytest.approx(5.13, abs=0.005)
+    assert (model.window_size, model.window_attn_skip_freq, model.head_dim) == (127, 2, 64)
+
+
 def test_llama3_fsdp_without_reshard_is_expressed_as_the_distributed_optimizer() -> None:
     """Oracle: Llama 3 §3.3.2 shards optimizer states and gradients with pp=16; Megatron-FSDP
     (zero 2) needs pp=1, so the nearest expressible sharding is zero 1, and it is recorded."""

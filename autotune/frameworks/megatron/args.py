@@ -260,6 +260,8 @@ def _expert_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
         args += ["--moe-flex-dispatcher-backend", "deepep", "--moe-router-dtype", "fp32"]
     if a2a_overlap(cfg, layout):
         args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    if cfg.train.moe_force_balance:
+        args.append("--moe-router-force-load-balancing")
     return args + ["--moe-grouped-gemm"]
 
 
@@ -426,6 +428,8 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
             kwargs.update(moe_flex_dispatcher_backend="deepep", moe_router_dtype="fp32")
         if a2a_overlap(cfg, layout):
             kwargs.update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)
+        if cfg.train.moe_force_balance:
+            kwargs["moe_router_force_load_balancing"] = True
     if precision == "fp8":
         kwargs["fp8"] = "hybrid"
     if plan.chunks:
