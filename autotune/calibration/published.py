@@ -107,6 +107,10 @@ stored copy and is taken to follow the same scripts (data/README.md)."""
 BF16_GRAD_SYNC = ("dgxc2411_", "dgxc2504_gpt3")
 """Row-id prefixes of runs whose gradients are reduced in bf16 at every precision: NeMo 1.0
 launcher configs of NVIDIA/dgxc-benchmarking (`optim.grad_sync_dtype: bf16`)."""
+FP8_RECIPES = {"FP8-CS": "tensorwise", "FP8 (blockwise)": "blockwise", "FP8-MX": "mxfp8"}
+"""The fp8 recipe (`TrainSpec.fp8_recipe`) of a row whose notes say 'Precision as published:
+<name>.' (Megatron-Bridge's tables: FP8-CS is current scaling, per tensor); other fp8 rows
+(NeMo 24.x and the DGX Cloud recipes: Transformer Engine's default) run delayed scaling."""
 _POSITIONS = {"alibi": "rope"}  # position schemes without weights map onto rope
 RUN_MEMORY_TOLERANCE = 0.03
 """A run that happened may be predicted this fraction over the usable memory and still count as
@@ -297,6 +301,9 @@ def problem(row: dict[str, str]) -> AutotuneConfig:
         "overlap_grad_reduce": row["overlap_grad_reduce"] != "no",
         "tp_comm_overlap": row["tp_comm_overlap"] == "yes",
     }
+    if setup["precision"] == "fp8":
+        stated = row["notes"].partition("Precision as published: ")[2].partition(". ")[0]
+        setup["fp8_recipe"] = FP8_RECIPES.get(stated.rstrip("."), "delayed")
     if (row["source_id"] in FP8_BF16_GRADS and setup["precision"] == "fp8"
             or row["row_id"].startswith(BF16_GRAD_SYNC)):
         setup["grad_reduce_in_fp32"] = False
