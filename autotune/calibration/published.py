@@ -93,6 +93,14 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
     "mbridge_26041_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
     "mbridge_2606_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
     "mbridge_26041_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
+    # NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/perf_recipes/llama/h100/llama3.py and
+    # llama31.py @ 067f987df (2026-08-22): the H100 Llama 3 70B (64 GPUs, gbs 256) and Llama 3.1
+    # 405B (1,024 GPUs, gbs 1536) fp8 recipes the 26.x tables ran use current scaling (fp8_cs)
+    **{f"mbridge_{release}_h100_{model}": {"fp8_recipe": "tensorwise"}
+       for release, model in (("2602", "llama370b_64"), ("2602", "llama31405b_1024"),
+                              ("26021", "llama370b_64"), ("2604", "llama370b_64"),
+                              ("26041", "llama370b_64"), ("26041", "llama31405b_1024"),
+                              ("2606", "llama31405b_1024"))},
     "mbridge_26021_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
 }
 """Training settings of a run that its launch script sets and the CSV has no column for, by

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Megatron-LM pretraining, rendered by autotune 0.1.0.
 # Model llama3-70b on dgx-h100:16 (128 GPUs = 16 x 8).
-# Layout: tp=4,pp=4,cp=2,vpp=5,zero=1,offload=none,mbs=1,recompute=none,sp=on
+# Layout: tp=4,pp=8,cp=1,vpp=6,zero=1,offload=none,mbs=1,recompute=none,sp=on
+# No split flag fits the layers to the pipeline: the layout lists each model chunk's layers, 10 (first stage), at most 10 (middle) and 10 (last).
 #
 # A TRAINING RUN of the recipe below: 1168251 iterations = 4899999842304 tokens by default
 # (4194304 tokens per iteration), warm-up 2000 iterations, cosine decay.
@@ -68,9 +69,9 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
 MEGATRON_ARGS=(
   --tensor-model-parallel-size 4
-  --pipeline-model-parallel-size 4
-  --context-parallel-size 2
-  --num-layers-per-virtual-pipeline-stage 4
+  --pipeline-model-parallel-size 8
+  --context-parallel-size 1
+  --pipeline-model-parallel-layout 'Et|(tt|)*7,t|(tt|)*24,(t|)*7,tt|(t|)*6,tL'
   --sequence-parallel
   --use-distributed-optimizer
   --overlap-grad-reduce
