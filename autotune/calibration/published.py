@@ -98,6 +98,14 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
     "mbridge_26041_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
     "mbridge_2606_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
     "mbridge_26041_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
+    # NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/perf_recipes/llama/h100/llama3.py and
+    # llama31.py @ 067f987df (2026-08-22): the H100 Llama 3 70B (64 GPUs, gbs 256) and Llama 3.1
+    # 405B (1,024 GPUs, gbs 1536) fp8 recipes the 26.x tables ran use current scaling (fp8_cs)
+    **{f"mbridge_{release}_h100_{model}": {"fp8_recipe": "tensorwise"}
+       for release, model in (("2602", "llama370b_64"), ("2602", "llama31405b_1024"),
+                              ("26021", "llama370b_64"), ("2604", "llama370b_64"),
+                              ("26041", "llama370b_64"), ("26041", "llama31405b_1024"),
+                              ("2606", "llama31405b_1024"))},
     "mbridge_26021_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
     # the same file @ 0c7aef186 (26.02): Qwen3-30B-A3B on H100 runs DeepEP with the EP overlap,
     # Qwen3-235B-A22B the overlap; @ 74695a06d (26.04): HybridEP without the overlap, and the
@@ -131,6 +139,10 @@ experts"; the scripts set `moe_router_force_load_balancing = True`)."""
 BF16_GRAD_SYNC = ("dgxc2411_", "dgxc2504_gpt3")
 """Row-id prefixes of runs whose gradients are reduced in bf16 at every precision: NeMo 1.0
 launcher configs of NVIDIA/dgxc-benchmarking (`optim.grad_sync_dtype: bf16`)."""
+FP8_RECIPES = {"FP8-CS": "tensorwise", "FP8 (blockwise)": "blockwise", "FP8-MX": "mxfp8"}
+"""The fp8 recipe (`TrainSpec.fp8_recipe`) of a row whose notes say 'Precision as published:
+<name>.' (Megatron-Bridge's tables: FP8-CS is current scaling, per tensor); other fp8 rows
+(NeMo 24.x and the DGX Cloud recipes: Transformer Engine's default) run delayed scaling."""
 _POSITIONS = {"alibi": "rope"}  # position schemes without weights map onto rope
 RUN_MEMORY_TOLERANCE = 0.03
 """A run that happened may be predicted this fraction over the usable memory and still count as
@@ -321,6 +333,9 @@ def problem(row: dict[str, str]) -> AutotuneConfig:
         "overlap_grad_reduce": row["overlap_grad_reduce"] != "no",
         "tp_comm_overlap": row["tp_comm_overlap"] == "yes",
     }
+    if setup["precision"] == "fp8":
+        stated = row["notes"].partition("Precision as published: ")[2].partition(". ")[0]
+        setup["fp8_recipe"] = FP8_RECIPES.get(stated.rstrip("."), "delayed")
     if (row["source_id"] in FP8_BF16_GRADS and setup["precision"] == "fp8"
             or row["row_id"].startswith(BF16_GRAD_SYNC)):
         setup["grad_reduce_in_fp32"] = False

@@ -56,10 +56,16 @@ LOSS_BYTES_PER_LOGIT = 32
 """Vocabulary-parallel cross entropy, bytes per logit element forward plus backward: fp32
 upcast (2 + 4), max and exp-sum passes (8), softmax write (4), gradient (4 + 4), 16-bit
 gradient write (2), the 16-bit logits re-read (4)."""
-FP8_CAST_BYTES = 2
-"""FP8 cast of one GEMM operand element: write the FP8 copy and its transpose (1 + 1); the
-16-bit read is fused into the kernel that produced it (Transformer Engine's LayerNorm and
-activation kernels emit FP8, cast_transpose fuses the rest)."""
+FP8_CAST_BYTES = {"delayed": 2.0, "tensorwise": 6.0, "blockwise": 4.0 + 8 / 128,
+                  "mxfp8": 4.0 + 2 / 32}
+"""HBM bytes the FP8 cast of one GEMM operand element moves, per `TrainSpec.fp8_recipe`
+(Transformer Engine's quantizers). delayed: write the FP8 copy and its transpose (1 + 1); the
+16-bit read is fused into the kernel that produced it (its scale is known in advance: the
+LayerNorm and activation kernels emit FP8, cast_transpose fuses the rest). tensorwise (current
+scaling): the producer writes 16 bits, an amax pass reads them (2) before the cast reads them
+again (2) and writes both copies (2). blockwise: the cast computes each block's scale as it
+reads (2) and writes both copies (2) plus an fp32 scale per 128 elements in each direction.
+mxfp8: the same with a 1-byte E8M0 scale per 32 elements in each direction."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -202,22 +208,23 @@ def elementwise_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     h, d = m.hidden_size, m.head_dim
     q, kv = d * m.num_attention_heads, d * m.query_groups
     act = 6 if m.gated else 4
-    replicated = 2 * (2 * h + 2 * h) + 2 * (3 * 2 * h) + (2 * h if m.hidden_dropout > 0 else 0)
+    replicated = 2.0 * (2 * h + 2 * h) + 2 * (3 * 2 * h) + (2 * h if m.hidden_dropout > 0 else 0)
     width = (m.moe_shared_expert_intermediate_size or 0) if moe else m.ffn
-    sharded = act * width
+    sharded = 1.0 * act * width
     if m.position_embedding == "rope":
         sharded = sharded + 2 * 2 * (q + kv)
     fp8 = cfg.train.precision == "fp8"
+    cast = FP8_CAST_BYTES[cfg.train.fp8_recipe]
     if fp8:
-        sharded = sharded + FP8_CAST_BYTES * (q + width)
-        replicated = replicated + FP8_CAST_BYTES * 2 * h
+        sharded = sharded + cast * (q + width)
+        replicated = replicated + cast * 2 * h
     total: np.ndarray = n * (replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp)
     if not moe:
         return total
     copies = routed_tokens(cfg, t) * load_imbalance(cfg, k)
     per_copy = act * m.moe_ffn / t.etp + 2 * (2 * 2 * h)
     if fp8:
-        per_copy = per_copy + FP8_CAST_BYTES * (h + m.moe_ffn / t.etp)
+        per_copy = per_copy + cast * (h + m.moe_ffn / t.etp)
     router = n / t.tp * 2 * 4 * (m.num_experts or 1)
     with_experts: np.ndarray = total + copies * per_copy + router
     return with_experts

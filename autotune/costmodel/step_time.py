@@ -6,8 +6,9 @@ Communication (`autotune.costmodel.collectives`, NCCL's α-β model) is charged 
 
 - tensor parallel: per layer, forward all-reduces (or all-gathers and reduce-scatters with
   sequence parallelism) block the next GEMM; in the backward, frameworks with asynchronous
-  tensor-parallel communication (`Framework.tp_async_backward`) hide the input all-gather and
-  the gradient reduce under the column-parallel GEMMs' backward, the rest is exposed. With
+  tensor-parallel communication (`Framework.tp_backward_overlaps`: not Megatron-FSDP) hide the
+  input all-gather and the gradient reduce under the column-parallel GEMMs' backward, the rest
+  is exposed. With
   `TrainSpec.tp_comm_overlap` (userbuffers) all of them run under the linear GEMMs.
 - context parallel: Megatron's load-balanced ring passes K/V (forward) and K/V plus their
   gradients (backward) cp−1 times per layer, each pass under one block of attention; Ulysses
@@ -26,7 +27,7 @@ Communication (`autotune.costmodel.collectives`, NCCL's α-β model) is charged 
 - data parallel: dense gradients over dp·cp, routed-expert gradients over edp; buckets are
   reduced while the last micro-batch's backward runs on the layers before them: the last
   bucket is always exposed; the distributed optimizer's parameter all-gather hides under the
-  next forward where the framework overlaps it.
+  next forward where the framework overlaps it (`TrainSpec.param_gather_overlapped`).
 - ZeRO-3: every micro-batch gathers each layer's weights before its forward (prefetched under
   the previous layer) and before its backward, and reduce-scatters its gradients, with ring
   latency over all dp·cp ranks; the first gather is never hidden.
@@ -112,14 +113,12 @@ def _tp_layer_s(cfg: AutotuneConfig, t: LayoutTable, linear_forward: np.ndarray,
     whole = collective_s("all_reduce", volume, t.tp, per_node, cfg, k)
     forward = np.where(t.sp, 4 * half, 2 * whole)
     framework = terms_for(cfg)
-    if framework.tp_async_backward:
-        # sp: two all-gathers exposed; input all-gathers and gradient reduce-scatters of the
-        # column-parallel linears hide under their backward. No sp: the gradient all-reduces
-        # hide under the column-parallel weight gradients.
-        backward = np.where(t.sp, 2 * half + exposed_s(4 * half, column_backward, k),
-                            exposed_s(2 * whole, column_backward / 2, k))
-    else:
-        backward = forward
+    # sp: two all-gathers exposed; input all-gathers and gradient reduce-scatters of the
+    # column-parallel linears hide under their backward. No sp: the gradient all-reduces
+    # hide under the column-parallel weight gradients.
+    hidden = np.where(t.sp, 2 * half + exposed_s(4 * half, column_backward, k),
+                      exposed_s(2 * whole, column_backward / 2, k))
+    backward = np.where(framework.tp_backward_overlaps(t), hidden, forward)
     if framework.tp_comm_overlap and cfg.train.tp_comm_overlap:
         # userbuffers: every collective runs in chunks under the GEMM that consumes or produces
         # it, forward and backward (sequence parallelism only)
@@ -218,7 +217,8 @@ def _dp_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarray,
     if framework.zero2_reduces_every_microbatch:
         grads = np.where(t.zero == 2, grads * t.micro_batches, grads)
     gather = _reduce_s("all_gather", 2, params, bucket, forward_mb,
-                       overlap and framework.param_gather_overlaps_forward, cfg, t, k, expert)
+                       cfg.train.param_gather_overlapped
+                       and framework.param_gather_overlaps_forward, cfg, t, k, expert)
     dp = grads + np.where((t.zero >= 1) & (t.zero < 3), gather, 0.0)
     ranks = t.expert_data_parallel if expert else t.shard_degree
     return np.where((ranks > 1) & (t.zero < 3), dp, 0.0)

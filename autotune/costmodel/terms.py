@@ -74,6 +74,8 @@ class FrameworkTerms(Protocol):
 
     def unfused_grad_accumulation(self, t: LayoutTable) -> np.ndarray: ...
 
+    def tp_backward_overlaps(self, t: LayoutTable) -> np.ndarray: ...
+
 
 _REGISTERED: dict[str, FrameworkTerms] = {}
 

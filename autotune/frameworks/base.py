@@ -198,6 +198,11 @@ class Framework(abc.ABC):
         the fitted constants of a stack include its usual accumulation)."""
         return np.zeros(len(t), dtype=bool)
 
+    def tp_backward_overlaps(self, t: LayoutTable) -> np.ndarray:
+        """Rows whose backward tensor-parallel collectives run under the GEMMs that do not need
+        them (`tp_async_backward`, on every layout by default)."""
+        return np.full(len(t), self.tp_async_backward)
+
     @abc.abstractmethod
     def render(
         self, cfg: AutotuneConfig, layout: Layout, options: RenderOptions

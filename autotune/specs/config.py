@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic import model_validator
 
 from autotune.specs.cluster import ClusterSpec
 from autotune.specs.model import ModelSpec
@@ -13,6 +14,10 @@ from autotune.specs.recipe import JobSpec
 from autotune.specs.recipe import RecipeSpec
 from autotune.specs.train import TrainSpec
 from autotune.specs.types import FROZEN
+
+NO_MXFP8 = frozenset({"a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb"})
+"""GPU presets whose tensor cores have no MXFP8 (block-scaled FP8 is Blackwell's, sm100:
+megatron-core's `TransformerConfig.fp8_recipe` says "'mxfp8' for Blackwell architecture only")."""
 
 
 class AutotuneConfig(BaseModel):
@@ -31,6 +36,17 @@ class AutotuneConfig(BaseModel):
     (`autotune.specs.recipe.resolve_recipe` fills what is unset)."""
     job: JobSpec = JobSpec()
     """Slurm partition, account, time limit and container of the rendered sbatch.sh."""
+
+    @model_validator(mode="after")
+    def _check_fp8_recipe(self) -> AutotuneConfig:
+        """MXFP8 only on a GPU that has it (not the Ampere and Hopper presets, nor a GPU
+        `like` one of them)."""
+        gpu = self.cluster.gpu
+        name = gpu.like or gpu.name
+        if self.train.fp8_recipe == "mxfp8" and name in NO_MXFP8:
+            raise ValueError(f"fp8_recipe 'mxfp8' needs a Blackwell GPU; {name} has no MXFP8 "
+                             "tensor cores: use --fp8-recipe delayed, tensorwise or blockwise")
+        return self
 
     @property
     def world_size(self) -> int:

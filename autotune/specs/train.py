@@ -54,6 +54,13 @@ class TrainSpec(BaseModel):
     """Fused attention that never stores the s×s score matrix (FlashAttention / cuDNN)."""
     overlap_grad_reduce: StrictBool = True
     """Data-parallel gradient reduction overlaps the last backward pass."""
+    overlap_param_gather: Annotated[StrictBool,
+                                    OnlyFor("megatron", "--overlap-param-gather")] = True
+    """The distributed optimizer's parameter all-gather runs bucket by bucket under the next
+    step's forward (Megatron's `--overlap-param-gather`, which NeMo's and Megatron-Bridge's
+    performance recipes set); False gathers after the optimizer step, exposed. It takes effect
+    only with `overlap_grad_reduce` (Megatron-LM's `validate_args` asserts
+    `--overlap-grad-reduce` with it) and a sharded optimizer (zero ≥ 1)."""
     grad_reduce_in_fp32: Annotated[StrictBool, OnlyFor("megatron", "--grad-reduce-in-bf16")] = True
     """Megatron keeps its gradient buffer, and reduces it over data parallelism, in fp32: the
     default of Megatron-LM's `arguments.py` for bf16; False is `--grad-reduce-in-bf16`, the
@@ -66,9 +73,20 @@ class TrainSpec(BaseModel):
     --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16`: 4 + 2 + 2 B; NeMo 1.0's Apex distributed
     Adam with `optim.dtype: bf16` keeps its master copy in bf16 as well, which this counts
     as fp32)."""
+    fp8_recipe: Annotated[Literal["delayed", "tensorwise", "blockwise", "mxfp8"],
+                          OnlyFor("megatron", "--fp8-recipe")] = "delayed"
+    """How fp8 training scales its tensors (Megatron's `--fp8-recipe`, default delayed):
+    delayed, one scale per tensor from the amax history; tensorwise, per-tensor current scaling
+    (an amax pass before each cast); blockwise, 1×128 and 128×128 blocks (Hopper and later);
+    mxfp8, 32-element blocks with E8M0 scales, which only Blackwell tensor cores run. Each
+    recipe's cast kernels are charged (`autotune.costmodel.kernels.FP8_CAST_BYTES`); the GEMM
+    rate is the fitted fp8 one for all of them. Only with precision fp8."""
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives run in chunks under the GEMMs (Transformer Engine userbuffers:
-    Megatron's `--tp-comm-overlap`, with sequence parallelism only)."""
+    Megatron's `--tp-comm-overlap`, with sequence parallelism only). Off by default, as in
+    Megatron-LM: NeMo's and Megatron-Bridge's H100 recipes turn it on for their tp ≥ 2 layouts,
+    but it needs Transformer Engine built with userbuffers and GPUs (CPU trials cannot run it);
+    turn it on where your stack runs it (docs/cost-model.md)."""
     moe_token_dispatcher: Annotated[
         Literal["alltoall", "flex"], OnlyFor("megatron", "--moe-token-dispatcher-type")
     ] = "alltoall"
@@ -99,7 +117,16 @@ class TrainSpec(BaseModel):
             if only and only.framework != self.framework and value != field.default:
                 raise ValueError(f"{name} {value!r} is {only.owner}'s ({only.flag}); use "
                                  f"{field.default!r} with {self.framework}")
+        if self.fp8_recipe != "delayed" and self.precision != "fp8":
+            raise ValueError(f"fp8_recipe {self.fp8_recipe!r} needs precision fp8 (it is "
+                             f"{self.precision!r}); drop --fp8-recipe or set --precision fp8")
         return self
+
+    @property
+    def param_gather_overlapped(self) -> bool:
+        """Whether the sharded optimizer's parameter gather runs under the next forward:
+        `overlap_param_gather`, which Megatron allows only with `overlap_grad_reduce`."""
+        return self.overlap_param_gather and self.overlap_grad_reduce
 
     @property
     def software_stack(self) -> Stack:

@@ -13,13 +13,14 @@ from autotune.cli.app import app
 from autotune.run import RunnerSettings
 
 PROBLEM = ["--adam-moments-dtype", "--calibration", "--cluster", "--config",
-           "--flash-attention", "--framework", "--gbs", "--gbs-tokens",
+           "--flash-attention", "--fp8-recipe", "--framework", "--gbs", "--gbs-tokens",
            "--grad-reduce-in-fp32", "--no-grad-reduce-in-fp32",
            "--model", "--moe-a2a-overlap", "--moe-dispatcher", "--no-flash-attention",
            "--moe-force-balance", "--no-moe-force-balance",
            "--ignore-calibration-mismatch", "--no-ignore-calibration-mismatch",
-           "--no-moe-a2a-overlap", "--no-overlap-grad-reduce", "--no-tp-comm-overlap",
-           "--overlap-grad-reduce", "--precision", "--processes", "--seq", "--space", "--stack",
+           "--no-moe-a2a-overlap", "--no-overlap-grad-reduce", "--no-overlap-param-gather",
+           "--no-tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather",
+           "--precision", "--processes", "--seq", "--space", "--stack",
            "--tp-comm-overlap", "-c", "-m"]
 RUNNER = ["--account", "--command", "--hang-timeout", "--launcher", "--megatron-lm", "--noise",
           "--partition", "--runner", "--seed", "--slurm-opt", "--steps", "--time-limit",

@@ -308,8 +308,8 @@ def _data_parallel_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
         args.append("--use-distributed-optimizer")  # Megatron-FSDP v1 sets it anyway
     if overlap:
         args.append("--overlap-grad-reduce")
-        if layout.zero >= 1:
-            args.append("--overlap-param-gather")
+    if cfg.train.param_gather_overlapped and layout.zero >= 1:
+        args.append("--overlap-param-gather")
     moments = cfg.train.adam_moments_dtype
     if layout.offload == "optimizer":
         args += ["--optimizer-cpu-offload", "--use-precision-aware-optimizer",
@@ -336,7 +336,8 @@ def _precision_args(cfg: AutotuneConfig) -> list[str]:
         return ["--fp16"]
     reduce = [] if cfg.train.grad_reduce_in_fp32 else ["--grad-reduce-in-bf16"]
     if precision == "fp8":
-        return ["--bf16", "--fp8-format", "hybrid", *reduce]
+        return ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", cfg.train.fp8_recipe,
+                *reduce]
     if precision == "bf16":
         return ["--bf16", *reduce]
     return []
@@ -431,7 +432,7 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
         if cfg.train.moe_force_balance:
             kwargs["moe_router_force_load_balancing"] = True
     if precision == "fp8":
-        kwargs["fp8"] = "hybrid"
+        kwargs.update(fp8="hybrid", fp8_recipe=cfg.train.fp8_recipe)
     if plan.chunks:
         kwargs["pipeline_model_parallel_layout"] = plan.layout
     if plan.edge:
@@ -469,7 +470,7 @@ def ddp_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "use_distributed_optimizer": layout.zero >= 1,
         "overlap_grad_reduce": overlap,
-        "overlap_param_gather": overlap and layout.zero >= 1,
+        "overlap_param_gather": cfg.train.param_gather_overlapped and layout.zero >= 1,
     }
     if fsdp(layout):
         kwargs["use_megatron_fsdp"] = True

@@ -214,6 +214,17 @@ class Megatron(Framework):
         unfused: np.ndarray = t.zero >= 2
         return unfused
 
+    def tp_backward_overlaps(self, t: LayoutTable) -> np.ndarray:
+        """Rows not on Megatron-FSDP (zero < 2). With tp > 1, the asynchronous all-gather and
+        reduce-scatter of `LinearWithGradAccumulationAndAsyncCommunication.backward`
+        (megatron/core/tensor_parallel/layers.py) "rely on CUDA_DEVICE_MAX_CONNECTIONS=1" to be
+        scheduled before the GEMM they should overlap ("necessary for a speedup but not for
+        correctness"), and Megatron-FSDP must run with more than one connection (arguments.py
+        refuses CUDA_DEVICE_MAX_CONNECTIONS=1 with --use-megatron-fsdp): those collectives are
+        charged as exposed there."""
+        overlaps: np.ndarray = t.zero < 2
+        return overlaps
+
     def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int:
         """fp32: Megatron accumulates and reduces gradients in fp32 (`validate_args` for bf16),
         unless `grad_reduce_in_fp32` is off (--grad-reduce-in-bf16): 2 B."""

@@ -1,0 +1,116 @@
+"""Megatron-Core's performance options in the step-time model, each against a value worked out by
+hand here from the cited Megatron-LM / Transformer Engine code, not by the model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autotune.costmodel.constants import constants_for
+from autotune.costmodel.estimate import Estimates
+from autotune.costmodel.estimate import evaluate
+from autotune.costmodel.kernels import elementwise_bytes
+from autotune.frameworks import framework_of
+from autotune.frameworks.megatron.args import megatron_args
+from autotune.layout import Layout
+from autotune.layout import LayoutTable
+from autotune.specs import AutotuneConfig
+from autotune.specs.inputs import load_config
+from tests.cli_tests.helpers_cli import assert_usage_error
+from tests.cli_tests.helpers_cli import cli
+
+
+def _layout(cfg: AutotuneConfig, text: str) -> Layout:
+    return Layout.parse(text, cfg.world_size, cfg.train.global_batch_size, framework_of(cfg))
+
+
+def _evaluate(cfg: AutotuneConfig, text: str) -> Estimates:
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
+    return evaluate(cfg, LayoutTable.from_layouts([_layout(cfg, text)]), k)
+
+
+def _train(cfg: AutotuneConfig, **update: object) -> AutotuneConfig:
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update=update)})
+
+
+def test_param_gather_overlap_is_its_own_switch() -> None:
+    """Oracle: megatron-core's DDP buckets of max(40M, 1M·dp) parameters
+    (distributed_data_parallel.py) and the ring's bytes. Llama 3 8B (8.03e9 parameters) on 16
+    H100 (2 nodes), dp 16, zero 1, one micro-batch: 201 buckets, each all-gathering its 2-byte
+    weights over 16 ranks, 8 per node, through 8 NICs of 50 GB/s at 80 %: 15/16 · 2 · 8.03e9
+    / 201 B / 320 GB/s = 234 µs of transfer per bucket, plus NCCL's ring latency (tuning.cc:
+    8.4 µs base, 14 NVLink steps of 3.4 µs, one network step of 14 µs). Without
+    `--overlap-param-gather` all 201 run after the step; with it, 200 of them run under the
+    next forward (which is longer) and only the NCCL share (1 − overlap_fraction) of them
+    still costs. Megatron-LM
+    asserts `--overlap-grad-reduce` with `--overlap-param-gather` (arguments.py), so turning
+    the reduce overlap off turns this one off too, in the model and in the flags."""
+    cfg = load_config("llama3-8b", "dgx-h100:2", seq_length=4096, global_batch_size=16)
+    text = "tp=1,pp=1,cp=1,zero=1,mbs=1,recompute=none"
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
+    on = _evaluate(cfg, text).time.parts["dp_comm"][0]
+    off = _evaluate(_train(cfg, overlap_param_gather=False), text).time.parts["dp_comm"][0]
+    params = cfg.model.num_params(128256)
+    buckets = np.ceil(params / 40e6)
+    transfer = 15 / 16 * 2 * params / buckets / (8 * 50e9 * k.comm_efficiency)
+    hidden = k.overlap_fraction * (buckets - 1)
+    latency = 8.4e-6 + 14 * 3.4e-6 + 14e-6  # NCCL ring: base, 14 NVLink steps, 1 network step
+    assert off - on == pytest.approx(hidden * (transfer + latency), rel=1e-6)
+    assert "--overlap-param-gather" in megatron_args(cfg, _layout(cfg, text))
+    for train in ({"overlap_param_gather": False}, {"overlap_grad_reduce": False}):
+        quiet = _train(cfg, **train)
+        assert not quiet.train.param_gather_overlapped
+        assert "--overlap-param-gather" not in megatron_args(quiet, _layout(quiet, text))
+
+
+def test_megatron_fsdp_exposes_the_tensor_parallel_backward() -> None:
+    """Oracle: megatron/core/tensor_parallel/layers.py
+    (`LinearWithGradAccumulationAndAsyncCommunication.backward`) launches the sequence-parallel
+    all-gather and reduce-scatter of the backward asynchronously and "relies on
+    CUDA_DEVICE_MAX_CONNECTIONS=1" to have them scheduled before the GEMM they overlap;
+    Megatron-LM refuses that setting with Megatron-FSDP (arguments.py). Worked by hand per layer
+    with sequence parallelism, in units of one all-gather g: forward 4g (exposed, both
+    frameworks), backward 2g exposed + 4g under the column-parallel weight gradients, of
+    which (1 − overlap_fraction) still costs; on Megatron-FSDP the backward is 4g like the
+    forward. The ratio FSDP / distributed optimizer is 8 / (6 + 4 · (1 − overlap_fraction))."""
+    cfg = load_config("llama3-8b", "dgx-h100:1", seq_length=4096, global_batch_size=8)
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
+    zero1 = _evaluate(cfg, "tp=2,pp=1,cp=1,zero=1,mbs=1,recompute=none,sp=on")
+    fsdp = _evaluate(cfg, "tp=2,pp=1,cp=1,zero=3,mbs=1,recompute=none,sp=on")
+    ratio = fsdp.time.parts["tp_comm"][0] / zero1.time.parts["tp_comm"][0]
+    assert ratio == pytest.approx(8 / (6 + 4 * (1 - k.overlap_fraction)), rel=1e-9)
+
+
+@pytest.mark.parametrize(("recipe", "extra"), [("tensorwise", 4.0), ("blockwise", 2 + 8 / 128),
+                                               ("mxfp8", 2 + 2 / 32)])
+def test_fp8_recipes_pay_their_cast_kernels(recipe: str, extra: float) -> None:
+    """Oracle: Transformer Engine's quantizers, bytes worked out by hand. Delayed scaling knows
+    each scale in advance, so the kernel producing a GEMM input writes its FP8 copy and
+    transpose (2 B per element). Current (tensorwise) scaling needs the tensor's amax first: the
+    producer writes 16 bits, an amax pass reads them, the cast reads them again (+2 + 2 B).
+    Blockwise and MXFP8 compute each block's scale inside the cast, which reads the 16-bit
+    tensor once (+2 B) and writes a 4-byte scale per 128 elements or a 1-byte scale per 32, in
+    each direction. Llama 3 8B at tp 1, 4,096 tokens: the inputs of QKV (h), the output
+    projection (q), MLP up (h) and down (f) are 4096 · (4096 + 4096 + 4096 + 14336) elements."""
+    cfg = load_config("llama3-8b", "dgx-h100:1", seq_length=4096, global_batch_size=8,
+                      precision="fp8")
+    layout = _layout(cfg, "tp=1,pp=1,cp=1,zero=1,mbs=1")
+    table = LayoutTable.from_layouts([layout])
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
+    delayed = elementwise_bytes(cfg, table, k)[0]
+    other = elementwise_bytes(_train(cfg, fp8_recipe=recipe), table, k)[0]
+    assert other - delayed == pytest.approx(extra * 4096 * (3 * 4096 + 14336), rel=1e-9)
+    args = megatron_args(_train(cfg, fp8_recipe=recipe), layout)
+    assert args[args.index("--fp8-recipe") + 1] == recipe
+
+
+def test_fp8_recipe_refusals_are_one_line() -> None:
+    """Oracle: megatron-core's `TransformerConfig.fp8_recipe` ("'mxfp8' for Blackwell
+    architecture only") and `--fp8-recipe` meaning nothing without fp8: exit 2, one line
+    naming the option, the value and the fix."""
+    mxfp8 = cli("estimate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--precision", "fp8",
+                "--fp8-recipe", "mxfp8", "-l", "tp=1,pp=1,zero=1,mbs=1")
+    assert_usage_error(mxfp8, "mxfp8", "h100-sxm-80gb", "delayed")
+    bf16 = cli("estimate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--fp8-recipe",
+               "tensorwise", "-l", "tp=1,pp=1,zero=1,mbs=1")
+    assert_usage_error(bf16, "--fp8-recipe", "tensorwise", "--precision fp8")
