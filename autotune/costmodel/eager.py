@@ -161,3 +161,39 @@ def saved_activation_bytes(cfg: AutotuneConfig, t: LayoutTable,
                                                                         m.gated))
     saved: np.ndarray = elements * element_bytes(cfg)
     return saved
+
+
+EAGER_ADAM_BYTES = 84
+"""torch's AdamW on CPU tensors (`_single_tensor_adam`, DeepSpeed's `torch_adam`), bytes per
+fp32 parameter as its ops dispatch them: weight decay `param.mul_` (8), `exp_avg.lerp_(grad)`
+(12), `exp_avg_sq.mul_` (8) and `addcmul_(grad, grad)` (16), the denominator's `sqrt`,
+division and `add_(eps)` (8 each), `param.addcdiv_(exp_avg, denom)` (16)."""
+CLIP_BYTES = 12
+"""Gradient clipping: the norm reads the gradient (4), the scaling reads and writes it (8)
+(the engine's `clip_grad_norm_`; `unscale_and_clip_grads` under ZeRO)."""
+ZERO_STEP_BYTES = 36
+"""What ZeRO 1-3's `step` adds per parameter of the partition, as a DeepSpeed engine's step
+dispatches it: the gradients flattened into the fp32 partition's gradient (`cat`, 8), a
+second norm pass (4), the fp32 partition cast and copied back into the 16-bit buffer and
+the model's weights (`_to_copy` 12, `copy_` 12; `stage_1_and_2.py`'s `step`). The
+partitions' all-gather is a collective, charged with the data-parallel traffic."""
+
+
+def eager_optimizer_s(t: LayoutTable, k: Constants, shard: Any, bandwidth: float) -> Any:
+    """Seconds of one optimizer step on a CPU worker for `shard` parameters: torch's
+    AdamW and the gradient clipping as eager memory-bound passes, plus ZeRO's copies with
+    ZeRO 1-3 (counted against a real DeepSpeed engine's `step` in `tests/costmodel_tests`)."""
+    moved = (EAGER_ADAM_BYTES + CLIP_BYTES + np.where(t.zero >= 1, ZERO_STEP_BYTES, 0)) * shard
+    return moved / (bandwidth * k.eager_efficiency)
+
+
+EAGER_GRAD_ACCUMULATION_BYTES = 12
+"""Autograd's `AccumulateGrad` on micro-batches 2..gas: `.grad` += the new weight gradient,
+reading both and writing the sum, fp32 bytes per parameter the rank holds."""
+
+
+def eager_grad_accumulation_s(t: LayoutTable, k: Constants, params: Any,
+                              bandwidth: float) -> Any:
+    """Seconds per step of the weight-gradient additions after the first micro-batch."""
+    extra = np.maximum(t.micro_batches - 1, 0)
+    return extra * EAGER_GRAD_ACCUMULATION_BYTES * params / (bandwidth * k.eager_efficiency)

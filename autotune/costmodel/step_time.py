@@ -49,6 +49,9 @@ from autotune.costmodel.collectives import exposed_s
 from autotune.costmodel.collectives import nodes_spanned
 from autotune.costmodel.collectives import send_s
 from autotune.costmodel.constants import Constants
+from autotune.costmodel.eager import eager_grad_accumulation_s
+from autotune.costmodel.eager import eager_optimizer_s
+from autotune.costmodel.eager import runs_eager
 from autotune.costmodel.expert_dispatch import a2a_overlap_runs
 from autotune.costmodel.expert_dispatch import dispatch_bytes
 from autotune.costmodel.kernels import head_times
@@ -308,12 +311,16 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> TimeEsti
     ) + np.where(t.offload == 2, micro * 2 * 2 * shard / pcie, 0.0)
     hbm = c.gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
     optimizer = np.where(t.offload >= 1, 0.0, OPTIMIZER_BYTES_PER_PARAM * shard / hbm)
+    accumulate = 0.0 * shard
+    if runs_eager(cfg):  # torch's AdamW, unfused, on the CPU worker
+        optimizer = np.where(t.offload >= 1, 0.0, eager_optimizer_s(t, k, shard, hbm))
+        accumulate = eager_grad_accumulation_s(t, k, params, hbm)
     # gradient accumulation outside the weight-gradient GEMMs: one more pass per micro-batch
     unfused = framework.unfused_grad_accumulation(t) * (
         UNFUSED_GRAD_ACCUMULATION_BYTES * params / hbm)
 
     parts = {
-        "compute": micro * (compute_mb + unfused),
+        "compute": micro * (compute_mb + unfused) + accumulate,
         "tp_comm": micro * tp_mb,
         "cp_comm": micro * cp_mb,
         "pp_bubble": bubble,
