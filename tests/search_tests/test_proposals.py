@@ -227,3 +227,28 @@ def test_stop_when_confident_ends_early_on_the_best(tmp_path: Path) -> None:
                 tmp_path / "b")
     assert len(_ran(full)) == 30
     assert full.confidence is not None and not full.confidence["stopped_early"]
+
+
+def test_the_models_discrepancy_is_learned_out_of_sample() -> None:
+    """Oracle: worked by hand. A hand-set truth twice as slow as the model on every layout:
+    the first trial is predicted by the model alone (prior term scales, no residual), so its
+    out-of-sample log error is exactly log 2; the later trials are predicted by the refit of
+    the earlier ones, which has learned the factor, so their errors are smaller. Before, the
+    residuals' prior σ came from the refit's in-sample residuals, near 0 after a refit that
+    absorbed a 2x miss, and every unmeasured family was held to about ±10 %."""
+    from autotune.search.proposal import Outcome
+    from autotune.search.proposal import Proposer
+    from autotune.search.surrogate import amplitude
+
+    feasible = enumerate_layouts(CFG, SPACE).feasible
+    proposer = Proposer(CFG, feasible, K)
+    rows = [feasible.row(i) for i in (0, len(feasible) // 3, 2 * len(feasible) // 3)]
+    model = evaluate(CFG, LayoutTable.from_layouts(rows), K).step_time_s
+    ok = [Outcome(r, "ok", 2.0 * float(s), spread=0.01) for r, s in zip(rows, model, strict=True)]
+    errors = proposer.prequential(ok)
+    assert errors[0] == pytest.approx(np.log(2.0), rel=1e-6)
+    assert abs(errors[1]) < 0.5 * np.log(2.0) and abs(errors[2]) < 0.5 * np.log(2.0)
+    assert amplitude(errors) > 0.3
+    # the belief's σ of an unmeasured family reflects the discrepancy, not ±10 %
+    belief = proposer.belief(ok[:1])
+    assert float(np.median(belief.sd)) > 0.3
