@@ -235,7 +235,7 @@ class Proposer:
         (Kennedy and O'Hagan 2001, calibration with a model discrepancy). Cached."""
         if not ok:
             return self.base
-        step_sd = float(np.hypot(STEP_SD, amplitude(errors)))
+        step_sd = discrepant_sd(errors)
         key = (tuple((o.layout.id, o.step_time_s) for o in ok), round(step_sd, 9))
         if key not in self._constants_cache:
             self._constants_cache[key] = fit_trials(
@@ -289,7 +289,8 @@ class Proposer:
             empty = fit_residuals(self.x[:0], np.zeros(0), np.zeros(0), amplitude(errors))
             return prior_fit(), empty, extra_terms
         steps = np.array([o.step_time_s for o in ok], dtype=float)
-        scales = fit_terms(trial_terms, steps, breakdown_seconds([o.breakdown for o in ok]))
+        scales = fit_terms(trial_terms, steps, breakdown_seconds([o.breakdown for o in ok]),
+                           step_sd=discrepant_sd(errors))
         residual = np.log(steps / scales.step_s(trial_terms))
         spread = np.array([o.spread or 0.0 for o in ok])
         trial_table = LayoutTable.from_layouts([o.layout for o in ok])
@@ -485,6 +486,13 @@ class Proposer:
     def _proposal(self, i: int, reason: str, mean: np.ndarray, need: np.ndarray,
                   memory: MemoryFit) -> Proposal:
         return Proposal(self.rows[i], reason, float(np.exp(mean[i])), float(need[i]), memory)
+
+
+def discrepant_sd(errors: np.ndarray) -> float:
+    """σ of a trial's log step time against a parametric fit (constants, term scales): the
+    measurement's `STEP_SD` and the model's discrepancy (`amplitude` of the out-of-sample
+    errors)."""
+    return float(np.hypot(STEP_SD, amplitude(errors)))
 
 
 def improvement(mean: np.ndarray, sd: np.ndarray, target: float) -> np.ndarray:
