@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Megatron-LM pretraining, rendered by autotune 0.1.0.
 # Model llama3-70b on dgx-a100:16 (128 GPUs = 16 x 8).
-# Layout: tp=4,pp=4,cp=2,vpp=3,zero=1,offload=none,mbs=1,recompute=none,sp=on
-# No split flag fits the layers to the pipeline: the layout lists each model chunk's layers, 20 (first stage), at most 20 (middle) and 20 (last).
+# Layout: tp=4,pp=4,cp=2,vpp=5,zero=1,offload=none,mbs=1,recompute=none,sp=off
 #
 # A TRAINING RUN of the recipe below: 1168251 iterations = 4899999842304 tokens by default
 # (4194304 tokens per iteration), warm-up 2000 iterations, cosine decay.
@@ -71,8 +70,7 @@ MEGATRON_ARGS=(
   --tensor-model-parallel-size 4
   --pipeline-model-parallel-size 4
   --context-parallel-size 2
-  --pipeline-model-parallel-layout 'Etttttt|(ttttttt|)*8,(tttttt|)*2,ttttttL'
-  --sequence-parallel
+  --num-layers-per-virtual-pipeline-stage 4
   --use-distributed-optimizer
   --overlap-grad-reduce
   --overlap-param-gather
