@@ -180,13 +180,16 @@ def fit_trials(
     step_time_s: Sequence[float],
     base: Constants,
     names: Sequence[str] = TRIAL_REFIT,
+    step_sd: float = STEP_SD,
 ) -> Constants:
     """`fit_constants` as a study applies it to its own measured trials: `names` under the
-    log-normal prior `PRIOR_LOG_SD` around `base`, Gaussian errors of σ `STEP_SD`. The search's
-    proposer ranks with it after each trial, and the refit report shows the same fit."""
+    log-normal prior `PRIOR_LOG_SD` around `base`, Gaussian errors of σ `step_sd` (`STEP_SD`;
+    the search adds the model's discrepancy, so that one trial's miss is not all blamed on the
+    constants). The search's proposer ranks with it after each trial, and the refit report
+    shows the same fit."""
     points = [Measured(f"trial {i}", cfg, (layout,), float(step), cfg.cluster.gpu.name)
               for i, (layout, step) in enumerate(zip(layouts, step_time_s, strict=True))]
-    return fit_constants(points, base, names, prior_sd=PRIOR_LOG_SD, step_sd=STEP_SD,
+    return fit_constants(points, base, names, prior_sd=PRIOR_LOG_SD, step_sd=step_sd,
                          loss="linear")
 
 

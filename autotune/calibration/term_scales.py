@@ -11,8 +11,12 @@ recorded one, to the measured seconds of each part (σ `BREAKDOWN_SD`):
 
     step ≈ Σ_t s_t · term_t(layout)
 
-A trial informs only the terms it has: without a pipelined trial the pipeline's scale stays at
-its prior, so untried pipelined families keep that uncertainty. The Laplace approximation
+A term's scale is fitted only where the trials can tell it from the others: a measured breakdown
+names it, or its share of the step varies across the trials by `MIN_SHARE_SPREAD` or more. A
+term whose share is (nearly) the same in every trial cannot be told from compute or from the
+physical constants fitted before (both move every trial alike), so it keeps its prior: without
+a pipelined trial the pipeline's scale stays at 1 ± `TERM_PRIOR_SD`, and one trial alone fits
+no scale (the constants fit owns the level). The Laplace approximation
 (Gauss-Newton at the optimum) gives the scales' covariance and, by the delta method, every
 layout's σ of log step time; `TermFit.draws` samples the joint posterior.
 """
@@ -46,6 +50,9 @@ BREAKDOWN_SD = 0.05
 """σ of a measured part's log seconds against its scaled model (timer and attribution error)."""
 SCALE_BOUNDS = (np.log(0.2), np.log(5.0))
 """A term scale stays within 0.2x-5x."""
+MIN_SHARE_SPREAD = 0.05
+"""A term's share of the step must differ by this much between two trials (max - min) for the
+trials to fit its scale."""
 
 
 def term_seconds(parts: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -117,26 +124,47 @@ def fit_terms(
 ) -> TermFit:
     """Maximum a posteriori term scales for trials with model term seconds `terms` (trials ×
     terms, from `term_seconds`), measured `step_s`, and optional measured `breakdown` seconds
-    (from `breakdown_seconds`, nan where absent). Gaussian errors in log space; the covariance
-    is the inverse Gauss-Newton Hessian at the optimum."""
+    (from `breakdown_seconds`, nan where absent). Gaussian errors in log space; only the
+    `identifiable` scales are fitted (the others keep their prior); the covariance is the
+    inverse Gauss-Newton Hessian at the optimum."""
     if not len(step_s):
         return prior_fit()
     measured = np.log(np.asarray(step_s, float))
     parts = np.zeros_like(terms) if breakdown is None else np.asarray(breakdown, float)
     usable = np.isfinite(parts) & (parts > 0) & (terms > 0)
-    rows, cols = np.nonzero(usable)
-    logged = np.log(np.where(usable, parts, 1.0))[rows, cols]
-    model_parts = np.log(np.where(usable, terms, 1.0))[rows, cols]
+    free = identifiable(terms, usable)
+    n = terms.shape[1]
+    if not free.any():
+        return TermFit(np.zeros(n), np.eye(n) * prior_sd**2, len(step_s))
+    rows, cols = np.nonzero(usable[:, free])
+    logged = np.log(np.where(usable, parts, 1.0))[:, free][rows, cols]
+    model_parts = np.log(np.where(usable, terms, 1.0))[:, free][rows, cols]
+
+    def full(x: np.ndarray) -> np.ndarray:
+        out = np.zeros(n)
+        out[free] = x
+        return out
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        total = np.log(terms @ np.exp(x))
+        total = np.log(terms @ np.exp(full(x)))
         return np.concatenate([(total - measured) / step_sd,
                                (model_parts + x[cols] - logged) / BREAKDOWN_SD,
                                x / prior_sd])
 
-    n = terms.shape[1]
-    fit = least_squares(residuals, np.zeros(n), bounds=(np.full(n, SCALE_BOUNDS[0]),
-                                                        np.full(n, SCALE_BOUNDS[1])))
+    m = int(free.sum())
+    fit = least_squares(residuals, np.zeros(m), bounds=(np.full(m, SCALE_BOUNDS[0]),
+                                                        np.full(m, SCALE_BOUNDS[1])))
     jac = np.asarray(fit.jac, float)
-    cov = np.linalg.inv(jac.T @ jac + 1e-12 * np.eye(n))
-    return TermFit(np.asarray(fit.x, float), (cov + cov.T) / 2, len(step_s))
+    cov = np.eye(n) * prior_sd**2
+    cov[np.ix_(free, free)] = np.linalg.inv(jac.T @ jac + 1e-12 * np.eye(m))
+    return TermFit(full(np.asarray(fit.x, float)), (cov + cov.T) / 2, len(step_s))
+
+
+def identifiable(terms: np.ndarray, measured: np.ndarray | None = None) -> np.ndarray:
+    """Terms the trials can fit: a measured part (`measured`, trials × terms) or a share of
+    the step that differs by `MIN_SHARE_SPREAD` or more between trials."""
+    share = terms / np.maximum(terms.sum(1, keepdims=True), 1e-30)
+    varies: np.ndarray = (share.max(0) - share.min(0)) >= MIN_SHARE_SPREAD
+    if measured is not None:
+        varies |= measured.any(0)
+    return varies

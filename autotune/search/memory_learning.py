@@ -20,7 +20,10 @@ sampling from a widened Gaussian, then resampling; Gelbart, Snoek and Adams 2014
 optimization with unknown constraints"): an OOM lowers L or raises its family's factor, in
 proportion to how well each explains it, so the neighbours that will run out too lose their
 probability of fitting. A new layout's need also misses by `ROW_SD` (structure the fit cannot
-see, e.g. fragmentation growing with the pipeline). `MemoryFit.p_fit` is the probability that
+see, e.g. fragmentation growing with the pipeline); how much is learned from the trials' own
+out-of-sample misses (`row_sd`: each measured peak against the need the trials before it
+predicted, shrunk towards `ROW_SD`), so where the memory model misses a structure by 15 % the
+layouts near the limit are charged that risk. `MemoryFit.p_fit` is the probability that
 a layout fits; the proposer charges it in the acquisition (an OOM is a trial spent) and
 proposes only layouts likely to fit. The implied runtime reserve (device memory − limit + c) is
 reported as the fitted offset.
@@ -65,6 +68,8 @@ P_FIT = 0.5
 rest)."""
 GRID = 241
 """Points of the grid (±6 prior σ) the limit's posterior is held on."""
+ROW_SD_WEIGHT = 2.0
+"""Pseudo-misses of `ROW_SD` behind the learned relative σ of a layout's need (`row_sd`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +121,8 @@ class MemoryFit:
     """Grid of the limit (GiB) its posterior is held on."""
     weights: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     """Posterior probability of each grid point."""
+    row_sd: float = ROW_SD
+    """Relative σ a layout's need misses by (`ROW_SD`, or learned by `row_sd`)."""
 
     def need(self, parts: MemoryParts) -> tuple[np.ndarray, np.ndarray]:
         """Predicted need (bytes, on the measured scale) and its predictive σ."""
@@ -125,10 +132,10 @@ class MemoryFit:
         return mean, sd
 
     def p_fit(self, parts: MemoryParts) -> np.ndarray:
-        """Probability that each layout fits: its need (the fit's σ and the `ROW_SD` it
+        """Probability that each layout fits: its need (the fit's σ and the `row_sd` it
         misses by) below the limit, over the limit's posterior."""
         need, sd = self.need(parts)
-        need_gib, sd_gib = need / GIB, np.hypot(sd / GIB, ROW_SD * need / GIB)
+        need_gib, sd_gib = need / GIB, np.hypot(sd / GIB, self.row_sd * need / GIB)
         p: np.ndarray = np.zeros(len(need_gib))
         for limit, weight in zip(self.limits_gib, self.weights, strict=True):
             if weight > 1e-6:
@@ -162,6 +169,7 @@ class MemoryFit:
             "limit_gib": round(self.limit_bytes / GIB, 3),
             "limit_sd_gib": round(self.limit_sd_bytes / GIB, 3),
             "reserve_gib": round(self.reserve_bytes / GIB, 3),
+            "row_sd": round(self.row_sd, 4),
         }
 
 
@@ -171,11 +179,13 @@ def fit_memory(
     parts: MemoryParts,
     status: np.ndarray,
     peak: np.ndarray,
+    row_sd: float = ROW_SD,
 ) -> MemoryFit:
     """Fit the correction to trials (`parts` of their layouts, `status`, measured `peak` or nan).
 
     `ok` trials with a peak enter the regression and say the limit is above their peak; `ok`
-    trials without one say their need fitted; `oom` trials say theirs did not.
+    trials without one say their need fitted; `oom` trials say theirs did not. `row_sd` is the
+    relative σ of a new layout's need (`row_sd`).
     """
     prior_mean = np.zeros(FAMILIES + 2)
     prior_mean[0] = 1.0
@@ -227,4 +237,24 @@ def fit_memory(
     reserve = cfg.cluster.gpu.memory_bytes - (limit - offset) * GIB
     return dataclasses.replace(fit, limit_bytes=limit * GIB, reserve_bytes=reserve,
                                limit_sd_bytes=limit_sd * GIB, limits_gib=grid,
-                               weights=weights)
+                               weights=weights, row_sd=row_sd)
+
+
+def row_sd(
+    cfg: AutotuneConfig,
+    k: Constants,
+    parts: MemoryParts,
+    status: np.ndarray,
+    peak: np.ndarray,
+) -> float:
+    """Relative σ of a layout's need, learned from the trials (in order): each measured peak's
+    log miss against the need the fit to the trials before it predicted (prequential, so
+    out of sample), with `ROW_SD_WEIGHT` pseudo-misses of `ROW_SD`."""
+    misses = []
+    for j in np.flatnonzero((status == "ok") & np.isfinite(peak) & (peak > 0)):
+        before = np.arange(j)
+        fit = fit_memory(cfg, k, parts.take(before), status[before], peak[before])
+        need, _ = fit.need(parts.take(np.array([j])))
+        misses.append(float(np.log(peak[j] / need[0])))
+    total = float(np.sum(np.square(misses))) + ROW_SD_WEIGHT * ROW_SD**2
+    return float(np.sqrt(total / (len(misses) + ROW_SD_WEIGHT)))

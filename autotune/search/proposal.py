@@ -39,7 +39,9 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
+from autotune.calibration.fit import STEP_SD
 from autotune.calibration.fit import fit_trials
+from autotune.calibration.term_scales import TERMS
 from autotune.calibration.term_scales import TermFit
 from autotune.calibration.term_scales import breakdown_seconds
 from autotune.calibration.term_scales import fit_terms
@@ -56,8 +58,10 @@ from autotune.search.memory_learning import P_FIT
 from autotune.search.memory_learning import MemoryFit
 from autotune.search.memory_learning import MemoryParts
 from autotune.search.memory_learning import fit_memory
+from autotune.search.memory_learning import row_sd
 from autotune.search.surrogate import MIN_NOISE
 from autotune.search.surrogate import Residuals
+from autotune.search.surrogate import amplitude
 from autotune.search.surrogate import features
 from autotune.search.surrogate import fit_residuals
 from autotune.specs import AutotuneConfig
@@ -210,20 +214,34 @@ class Proposer:
         )
         self._memory_cache: tuple[Any, MemoryFit, np.ndarray] = (None, self.memory([]),
                                                                   np.zeros(0))
+        self._prequential_cache: list[tuple[tuple[str, float | None], float]] = []
+        self._constants_cache: dict[Any, Constants] = {}
 
     # --- what the trials say -----------------------------------------------------------------
 
     def fitted(self, ok: Sequence[Outcome]) -> tuple[Constants, np.ndarray]:
-        """Constants refitted to the ok trials and the term seconds (`term_seconds`) of every
-        feasible row under them."""
-        if self._fit_cache[0] != len(ok):
-            k = self.base
-            if ok:
-                k = fit_trials(self.cfg, [o.layout for o in ok],
-                               [float(o.step_time_s or 0.0) for o in ok], self.base)
+        """Constants refitted to the ok trials (`constants`) and the term seconds
+        (`term_seconds`) of every feasible row under them."""
+        k = self.constants(ok, self.prequential(ok))
+        if self._fit_cache[1] is not k:
             terms = term_seconds(evaluate(self.cfg, self.feasible, k).time.parts)
             self._fit_cache = (len(ok), k, terms)
         return self._fit_cache[1], self._fit_cache[2]
+
+    def constants(self, ok: Sequence[Outcome], errors: np.ndarray) -> Constants:
+        """The physical constants fitted to the ok trials (`fit_trials`), each trial's error σ
+        widened by the model's discrepancy (`amplitude` of the out-of-sample `errors`): a
+        model that misses one layout by 2.7x has not shown that every layout runs 2.7x slower
+        (Kennedy and O'Hagan 2001, calibration with a model discrepancy). Cached."""
+        if not ok:
+            return self.base
+        step_sd = discrepant_sd(errors)
+        key = (tuple((o.layout.id, o.step_time_s) for o in ok), round(step_sd, 9))
+        if key not in self._constants_cache:
+            self._constants_cache[key] = fit_trials(
+                self.cfg, [o.layout for o in ok], [float(o.step_time_s or 0.0) for o in ok],
+                self.base, step_sd=step_sd)
+        return self._constants_cache[key]
 
     def memory(self, outcomes: Sequence[Outcome]) -> MemoryFit:
         """The memory correction fitted to every trial that ran."""
@@ -235,28 +253,22 @@ class Proposer:
             parts = self.parts.take(np.zeros(0, dtype=int))
         status = np.array([o.status for o in outcomes], dtype=object)
         peak = np.array([o.peak_bytes or np.nan for o in outcomes], dtype=float)
-        return fit_memory(self.cfg, self.base, parts, status, peak)
+        sd = row_sd(self.cfg, self.base, parts, status, peak)
+        return fit_memory(self.cfg, self.base, parts, status, peak, sd)
 
     def belief(self, outcomes: Sequence[Outcome]) -> Belief:
-        """Mean and σ of every row's log tokens/s: constants fit, term scales, residuals."""
+        """Mean and σ of every row's log tokens/s: constants fit, term scales, residuals (their
+        prior σ from the trials' out-of-sample errors, `prequential`)."""
         ok = [o for o in outcomes if o.status == "ok" and o.step_time_s]
         k, terms = self.fitted(ok)
         tokens = float(self.cfg.train.tokens_per_step)
         noise = max([MIN_NOISE, *(o.spread or 0.0 for o in ok)]) if ok else MIN_NOISE
-        if not ok:
-            process = fit_residuals(self.x[:0], np.zeros(0), np.zeros(0))
-            scales = prior_fit()
-            best, best_id = -np.inf, None
-        else:
-            table = LayoutTable.from_layouts([o.layout for o in ok])
-            trial_terms = term_seconds(evaluate(self.cfg, table, k).time.parts)
-            steps = np.array([o.step_time_s for o in ok], dtype=float)
-            scales = fit_terms(trial_terms, steps, breakdown_seconds([o.breakdown for o in ok]))
-            residual = np.log(steps / scales.step_s(trial_terms))
-            spread = np.array([o.spread or 0.0 for o in ok])
-            process = fit_residuals(features(table), residual, spread)
+        scales, process, _ = self._refit(ok, k, self.prequential(ok))
+        best, best_id = -np.inf, None
+        if ok:
             runs: dict[str, list[float]] = {}
-            for o, step in zip(ok, steps, strict=True):
+            for o in ok:
+                step = float(o.step_time_s or 1.0)
                 runs.setdefault(o.layout.id, []).append(float(np.log(tokens / step)))
             best_id, best = max(((i, float(np.mean(v))) for i, v in runs.items()),
                                 key=lambda pair: pair[1])
@@ -264,6 +276,47 @@ class Proposer:
         mean = np.log(tokens / scales.step_s(terms)) - gp_mean
         sd = np.hypot(gp_sd, scales.log_step_sd(terms))
         return Belief(mean, sd, k, scales, process, best, best_id, noise)
+
+    def _refit(self, ok: Sequence[Outcome], k: Constants, errors: np.ndarray,
+               extra: Sequence[Layout] = ()) -> tuple[TermFit, Residuals, np.ndarray]:
+        """Term scales and residual process fitted to the ok trials under constants `k`, and
+        the term seconds (under `k`) of the `extra` layouts."""
+        table = LayoutTable.from_layouts([*(o.layout for o in ok), *extra])
+        terms = term_seconds(evaluate(self.cfg, table, k).time.parts) if len(table) else \
+            np.zeros((0, len(TERMS)))
+        trial_terms, extra_terms = terms[:len(ok)], terms[len(ok):]
+        if not ok:
+            empty = fit_residuals(self.x[:0], np.zeros(0), np.zeros(0), amplitude(errors))
+            return prior_fit(), empty, extra_terms
+        steps = np.array([o.step_time_s for o in ok], dtype=float)
+        scales = fit_terms(trial_terms, steps, breakdown_seconds([o.breakdown for o in ok]),
+                           step_sd=discrepant_sd(errors))
+        residual = np.log(steps / scales.step_s(trial_terms))
+        spread = np.array([o.spread or 0.0 for o in ok])
+        trial_table = LayoutTable.from_layouts([o.layout for o in ok])
+        process = fit_residuals(features(trial_table), residual, spread, amplitude(errors))
+        return scales, process, extra_terms
+
+    def prequential(self, ok: Sequence[Outcome]) -> np.ndarray:
+        """Log error, log(measured / predicted step time), of each ok trial against what the
+        ok trials before it predicted (the whole refit: constants, term scales, residuals):
+        the search's out-of-sample errors (Dawid 1984, prequential analysis). Cached per
+        prefix, so each new trial costs one refit."""
+        keys = [(o.layout.id, o.step_time_s) for o in ok]
+        cached = self._prequential_cache
+        n = 0
+        while n < min(len(keys), len(cached)) and cached[n][0] == keys[n]:
+            n += 1
+        errors = [e for _, e in cached[:n]]
+        for j in range(n, len(ok)):
+            prefix = ok[:j]
+            k = self.constants(prefix, np.array(errors))
+            scales, process, target = self._refit(prefix, k, np.array(errors), [ok[j].layout])
+            x = features(LayoutTable.from_layouts([ok[j].layout]))
+            predicted = float(scales.step_s(target)[0]) * float(np.exp(process.predict(x)[0][0]))
+            errors.append(float(np.log(float(ok[j].step_time_s or 0.0) / predicted)))
+        self._prequential_cache = list(zip(keys, errors, strict=True))
+        return np.array(errors)
 
     def scores(self, outcomes: Sequence[Outcome]) -> tuple[np.ndarray, np.ndarray]:
         """Expected log tokens/s of every row and its σ (`belief`)."""
@@ -433,6 +486,13 @@ class Proposer:
     def _proposal(self, i: int, reason: str, mean: np.ndarray, need: np.ndarray,
                   memory: MemoryFit) -> Proposal:
         return Proposal(self.rows[i], reason, float(np.exp(mean[i])), float(need[i]), memory)
+
+
+def discrepant_sd(errors: np.ndarray) -> float:
+    """σ of a trial's log step time against a parametric fit (constants, term scales): the
+    measurement's `STEP_SD` and the model's discrepancy (`amplitude` of the out-of-sample
+    errors)."""
+    return float(np.hypot(STEP_SD, amplitude(errors)))
 
 
 def improvement(mean: np.ndarray, sd: np.ndarray, target: float) -> np.ndarray:

@@ -6,8 +6,11 @@ log2 of tp, pp, cp, vpp, micro-batch, ep and etp, ZeRO stage, offload, recompute
 parallelism; squared-exponential kernel, one length scale per dimension) spreads each residual
 to similar layouts: layouts of a measured family (same tp·pp·cp·ep·etp, recompute and ZeRO
 stage) inherit its correction with little uncertainty, while an
-unmeasured family keeps the prior uncertainty. The prior σ is learned from the residuals seen so
-far (shrunk towards 10 %), so a model that keeps missing widens the search.
+unmeasured family keeps the prior uncertainty. That prior σ (`amplitude`) is learned from the
+search's own out-of-sample errors: how far each trial ran from what the trials before it
+predicted (shrunk towards 10 %). The residuals after the refit cannot say it (the refit has
+absorbed them), so a model that missed by 2.7x on one layout keeps every unmeasured family
+that uncertain, and a model that keeps missing widens the search.
 """
 
 from __future__ import annotations
@@ -22,8 +25,13 @@ from autotune.layout import LayoutTable
 FEATURES = tuple(d for d in DIMS if d.kind != "derived")
 """The kernel's inputs: every searched dimension of `autotune.layout.DIMS` (log2 where the
 table says so), ep and etp included so MoE layouts are told apart."""
-LENGTH_SCALES = np.array([1.5 if d.name == "mbs" else 1.0 for d in FEATURES])
-"""Per feature (log2 steps for the log-scaled): 1, and 1.5 for the micro-batch."""
+LENGTH_SCALES = np.array([{"mbs": 1.5, "vpp": 2.0}.get(d.name, 1.0) for d in FEATURES])
+"""Per feature (log2 steps for the log-scaled): 1; 1.5 for the micro-batch and 2 for vpp
+(refinements within a family: a measured family's other vpp and mbs share its residual)."""
+ZERO_POSITION = np.array([0.0, 1.0, 1.5, 4.0])
+"""Where each ZeRO stage sits on its axis: stages 1 and 2 shard the optimizer and gradients
+(close to each other and to 0), stage 3 gathers the parameters every layer, another algorithm
+(corr. 0.04 with stage 2), so a slow ZeRO-3 trial says little about ZeRO-2."""
 PRIOR_SD = 0.10
 """Prior σ of the log residual (the model within ~10 % before any trial)."""
 PRIOR_WEIGHT = 2.0
@@ -34,7 +42,8 @@ MIN_NOISE = 0.01
 
 def features(t: LayoutTable) -> np.ndarray:
     """Kernel inputs of every row, divided by the length scales."""
-    columns = [np.log2(getattr(t, d.name)) if d.log_scaled else getattr(t, d.name)
+    columns = [np.log2(getattr(t, d.name)) if d.log_scaled
+               else ZERO_POSITION[t.zero] if d.name == "zero" else getattr(t, d.name)
                for d in FEATURES]
     scaled: np.ndarray = np.column_stack(columns).astype(float) / LENGTH_SCALES
     return scaled
@@ -77,14 +86,24 @@ class Residuals:
         return posterior
 
 
-def fit_residuals(x: np.ndarray, residual: np.ndarray, noise: np.ndarray) -> Residuals:
-    """Fit to observed kernel inputs `x`, log residuals and relative measurement noise."""
+def amplitude(errors: np.ndarray) -> float:
+    """Prior σ of the log residual from out-of-sample log errors (each trial against the
+    prediction made before it ran), with `PRIOR_WEIGHT` pseudo-errors of `PRIOR_SD`."""
+    errors = np.asarray(errors, float)
+    return float(np.sqrt(((errors**2).sum() + PRIOR_WEIGHT * PRIOR_SD**2)
+                         / (len(errors) + PRIOR_WEIGHT)))
+
+
+def fit_residuals(x: np.ndarray, residual: np.ndarray, noise: np.ndarray,
+                  sd: float | None = None) -> Residuals:
+    """Fit to observed kernel inputs `x`, log residuals and relative measurement noise; `sd`
+    is the prior σ (`amplitude`; None: from the residuals themselves)."""
     n = len(residual)
     if not n:
-        return Residuals(x, np.zeros(0), np.zeros((0, 0)), 0.0, PRIOR_SD)
+        return Residuals(x, np.zeros(0), np.zeros((0, 0)), 0.0, PRIOR_SD if sd is None else sd)
     mean = float(residual.sum() / (n + 1))
-    sd = float(np.sqrt(((residual - mean) ** 2).sum() + PRIOR_WEIGHT * PRIOR_SD**2)
-               / np.sqrt(n + PRIOR_WEIGHT))
+    if sd is None:
+        sd = amplitude(residual - mean)
     noise = np.maximum(noise, MIN_NOISE)
     cov = sd**2 * _kernel(x, x) + np.diag(noise**2)
     factor = np.linalg.cholesky(cov)

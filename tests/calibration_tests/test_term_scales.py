@@ -58,14 +58,33 @@ def test_trials_that_differ_in_one_term_find_that_term() -> None:
 def test_a_measured_breakdown_names_the_term_from_one_trial() -> None:
     """Oracle: worked by hand. One trial, modelled 1 s compute + 0.5 s ZeRO-3 gathers,
     measured 2.5 s with a breakdown of 1 s compute and 1.5 s gathers: the gathers' scale is 3
-    and compute's 1 (the total alone could not tell the two apart)."""
+    and compute's 1. Without the breakdown the total alone cannot tell the two apart (one
+    trial, no share varies): both keep their prior, and the miss is left to the constants fit
+    and the residuals."""
     terms = _terms([{"compute": 1.0, "zero3_gather": 0.5}])
     breakdown = breakdown_seconds([{"compute": 1.0, "zero3_gather": 1.5}])
     fit = fit_terms(terms, np.array([2.5]), breakdown)
     assert fit.scales()["zero3_gather"] == pytest.approx(3.0, rel=0.03)
     assert fit.scales()["compute"] == pytest.approx(1.0, abs=0.03)
-    without = fit_terms(terms, np.array([2.5])).scales()
-    assert without["compute"] > 1.2, "without a breakdown the total spreads over both terms"
+    without = fit_terms(terms, np.array([2.5]))
+    assert without.scales()["compute"] == 1.0 and without.scales()["zero3_gather"] == 1.0
+    assert without.sd()["zero3_gather"] == pytest.approx(TERM_PRIOR_SD)
+
+
+def test_a_term_whose_share_never_varies_keeps_its_prior() -> None:
+    """Oracle: worked by hand. Two trials, each 1 s compute + 0.1 s tp communication (the
+    same 9 % share), plus 0 and 0.4 s of pipeline; measured 2.2 and 2.8 s. Nothing in these
+    trials tells tp communication from compute (its share is the same in both), so its scale
+    stays 1 ± TERM_PRIOR_SD; the pipeline's share differs by 27 %: its scale is fitted (the
+    pair of totals needs it above 1) and its σ shrinks. Before, the fit spread the miss over
+    every term the trials had, tp communication included."""
+    terms = _terms([{"compute": 1.0, "tp_comm": 0.1},
+                    {"compute": 1.0, "tp_comm": 0.1, "pipeline": 0.4}])
+    fit = fit_terms(terms, np.array([2.2, 2.8]))
+    assert fit.scales()["tp_comm"] == 1.0
+    assert fit.sd()["tp_comm"] == pytest.approx(TERM_PRIOR_SD)
+    assert fit.scales()["pipeline"] > 1.1
+    assert fit.sd()["pipeline"] < 0.5 * TERM_PRIOR_SD
 
 
 def test_breakdown_seconds_skips_trials_without_one() -> None:

@@ -16,8 +16,11 @@ from autotune.layout import LayoutTable
 from autotune.measurement import Measurement
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
+from autotune.search.memory_learning import ROW_SD
+from autotune.search.memory_learning import ROW_SD_WEIGHT
 from autotune.search.memory_learning import MemoryParts
 from autotune.search.memory_learning import fit_memory
+from autotune.search.memory_learning import row_sd
 from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
 from autotune.space.search_space import enumerate_layouts
@@ -45,6 +48,28 @@ def test_measured_peaks_reveal_the_activation_factor_and_offset() -> None:
     need, sd = fit.need(parts([40], [30], [0]))
     assert need[0] / GIB == pytest.approx(40 + 36 + 0.5, abs=0.5)
     assert sd[0] / GIB < 1.0  # five peaks pin the factor down
+
+
+def test_a_layouts_miss_is_learned_from_the_peaks_out_of_sample() -> None:
+    """Oracle: worked by hand. The first measured peak is predicted by the prior fit alone
+    (factor 1, offset 0: need = states + activations = 10 + 20 = 30 GiB); it measured 37.5
+    GiB, a log miss of log 1.25, so the learned σ is sqrt((log² 1.25 + 2 · 0.03²) / 3). Peaks
+    the model predicts exactly shrink it below the prior ROW_SD (3 %), and a memory model that
+    missed by 25 % makes a layout 5 % below the prior limit less likely to fit (72 % → 63 %:
+    the limit's own 4 GiB σ is the rest)."""
+    rows = parts([10], [20], [0])
+    ok = np.array(["ok"], dtype=object)
+    learned = row_sd(CFG, K, rows, ok, np.array([37.5 * GIB]))
+    assert ROW_SD_WEIGHT == 2.0
+    assert learned == pytest.approx(np.sqrt((np.log(1.25) ** 2 + 2 * ROW_SD**2) / 3), rel=1e-6)
+    exact = parts([10, 20, 30], [20, 10, 25], [0, 0, 0])
+    assert row_sd(CFG, K, exact, np.array(["ok"] * 3, dtype=object),
+                  exact.fixed + exact.activation) < ROW_SD
+    edge = parts([0.95 * 74.5 - 20], [20], [0])
+    sure = fit_memory(CFG, K, rows.take(np.zeros(0, dtype=int)), ok[:0], np.zeros(0))
+    unsure = fit_memory(CFG, K, rows.take(np.zeros(0, dtype=int)), ok[:0], np.zeros(0),
+                        learned)
+    assert unsure.p_fit(edge)[0] < sure.p_fit(edge)[0] - 0.05
 
 
 def test_an_oom_above_every_measured_level_places_the_limit_below_its_need() -> None:
