@@ -18,9 +18,14 @@ from autotune.units import GIB
 def interval_line(cfg: AutotuneConfig, e: Estimate) -> str:
     """'tokens/s 190,000-260,000 (…)' from the interval of the setup, or the uncalibrated mark."""
     band = prediction_interval(cfg)
+    gpu, stack = cfg.cluster.gpu, cfg.train.software_stack
+    if band is None and gpu.calibration:
+        return (f"{UNCALIBRATED} interval: the figures above use the constants calibration "
+                f"{gpu.calibration} fitted on this cluster, but no published runs of {gpu.name} "
+                f"with {stack} bound their error")
     if band is None:
-        return (f"{UNCALIBRATED}: no published runs calibrate {cfg.cluster.gpu.name} with "
-                f"{cfg.train.software_stack}; the figures above are the model's defaults")
+        return (f"{UNCALIBRATED}: no published runs calibrate {gpu.name} with {stack}; the "
+                "figures above are the model's defaults")
     low, high = band.throughput(e.tokens_per_s)
     mfu_low, mfu_high = band.throughput(e.mfu)
     return (f"interval: tokens/s {low:,.0f}-{high:,.0f} · MFU {mfu_low:.1%}-{mfu_high:.1%} "

@@ -85,3 +85,24 @@ def test_runner_choices_are_refused_in_one_line(tmp_path: Path) -> None:
     assert_usage_error(both, "--runner slurm", "--from-runs")
     assert_usage_error(cli("calibrate", "-m", "tiny-gpt", "-c", "local", "--runner", "simulate"),
                        "--runner", "simulate", "local or slurm")
+
+
+def test_a_calibrated_cpu_estimate_names_its_calibration_not_the_defaults(tmp_path: Path) -> None:
+    """No published run covers the CPU "GPU": with --calibration the interval line still
+    carries the uncalibrated mark (no measured error bound) but names the file whose constants
+    the figures use, instead of calling them the model's defaults (the line without it)."""
+    runs = tmp_path / "runs.csv"
+    runs.write_text("layout,step_time_s\n" + "\n".join(
+        f"\"{layout}\",{step}" for layout, step in [
+            ("tp=1,pp=1,mbs=1", 0.9), ("tp=2,pp=1,mbs=1", 1.2), ("tp=1,pp=2,mbs=1", 1.1),
+            ("tp=1,pp=1,mbs=2", 0.8)]))
+    out = tmp_path / "cal.yaml"
+    assert cli("calibrate", "-m", "tiny-gpt", "-c", "local", "--from-runs", runs,
+               "--out", out).code == 0
+    args = ("estimate", "-m", "tiny-gpt", "-c", "local", "-l", "tp=1,mbs=1")
+    plain, calibrated = cli(*args), cli(*args, "--calibration", out)
+    assert calibrated.code == 0, calibrated.err
+    assert "model's defaults" in " ".join(plain.out.split())
+    line = " ".join(calibrated.out.split())
+    assert "uncalibrated interval" in line and out.name in line
+    assert "model's defaults" not in line
