@@ -33,6 +33,7 @@ scales' posterior and the process, jointly over the most promising rows).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,6 +101,16 @@ class Outcome:
     spread: float | None = None
     breakdown: dict[str, float] | None = None
     """Measured seconds per step-time part (`TIME_PARTS` names), where the runner has them."""
+
+    @classmethod
+    def from_record(cls, attrs: Mapping[str, Any]) -> Outcome:
+        """The outcome a trial's record (its Optuna user attributes) holds."""
+        breakdown = attrs.get("breakdown")
+        return cls(Layout(**attrs["layout_fields"]), str(attrs.get("status", "crash")),
+                   attrs.get("measured_step_time_s"), attrs.get("measured_peak_memory_bytes"),
+                   attrs.get("measured_step_time_spread"),
+                   {str(k): float(v) for k, v in breakdown.items()
+                    if isinstance(v, (int, float))} if isinstance(breakdown, dict) else None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,6 +31,8 @@ from autotune.costmodel.estimate import evaluate
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
+from autotune.search.proposal import Outcome
+from autotune.search.proposal import Proposer
 from autotune.search.record import measured_figure
 from autotune.search.record import predicted_figure
 from autotune.search.record import ran
@@ -253,7 +255,9 @@ def refit_study(
         records: The study's trial records (`TuneResult.records` or `search.trial_records`).
         space: The study's search space (default: the framework's bundled one), for re-ranking.
         k: Constants the study started from (default: the GPU's calibrated ones).
-        names: Constants to fit (bounds in `autotune.calibration.fit.FIT_BOUNDS`).
+        names: Constants to fit (bounds in `autotune.calibration.fit.FIT_BOUNDS`); the
+            search's own (`TRIAL_REFIT`) are fitted as the search fitted them (`Proposer`:
+            `fit_trials` with each trial's σ widened by the model's out-of-sample misses).
         top: How many untried layouts to list.
 
     Returns:
@@ -276,8 +280,15 @@ def refit_study(
         for r, lay in zip(measured, layouts, strict=True)
         if lay is not None
     ]
-    after = (fit_trials(cfg, [p.layouts[0] for p in points], [p.step_time_s for p in points],
-                        base, tuple(names)) if len(points) >= 2 else base)
+    after = base
+    if len(points) >= 2 and tuple(names) == TRIAL_REFIT:  # the fit the search ranked with
+        searched = (space or load_space(None, cfg.train.framework)).resolved(cfg)
+        proposer = Proposer(cfg, enumerate_layouts(cfg, searched, base).feasible, base)
+        ordered = sorted(measured, key=lambda r: int(r["number"]))  # the order it saw them
+        after = proposer.fitted([Outcome.from_record(r) for r in ordered])[0]
+    elif len(points) >= 2:
+        after = fit_trials(cfg, [p.layouts[0] for p in points],
+                           [p.step_time_s for p in points], base, tuple(names))
     trials: list[TrialFit] = []
     if points:
         ok_layouts = [p.layouts[0] for p in points]

@@ -78,24 +78,8 @@ def outcomes(trials: Sequence[FrozenTrial]) -> list[Outcome]:
         attrs = t.user_attrs
         if t.state not in FINISHED or not attrs.get("ran") or "layout_fields" not in attrs:
             continue
-        result.append(
-            Outcome(
-                Layout(**attrs["layout_fields"]),
-                str(attrs.get("status", "crash")),
-                attrs.get("measured_step_time_s"),
-                attrs.get("measured_peak_memory_bytes"),
-                attrs.get("measured_step_time_spread"),
-                _breakdown(attrs.get("breakdown")),
-            )
-        )
+        result.append(Outcome.from_record(attrs))
     return result
-
-
-def _breakdown(value: Any) -> dict[str, float] | None:
-    """A trial's measured seconds per step-time part, if its runner recorded them (a dict)."""
-    if not isinstance(value, dict):
-        return None
-    return {str(k): float(v) for k, v in value.items() if isinstance(v, (int, float))}
 
 
 def pending(trials: Sequence[FrozenTrial], number: int) -> list[str]:
