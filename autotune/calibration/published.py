@@ -382,9 +382,10 @@ def _options(row: dict[str, str], cfg: AutotuneConfig) -> tuple[dict[str, list[A
     else:
         zeros = [0, 1]
     recompute = [row["recompute"]] if row["recompute"] else list(RECOMPUTES)
-    if framework != "megatron" or tp == 1:
-        if row["sequence_parallel"] == "yes" and framework != "megatron":
-            notes.append("sequence parallelism dropped (autotune's DeepSpeed has none)")
+    has_sp = framework_of(cfg).sequence_parallel
+    if not has_sp or tp == 1:
+        if row["sequence_parallel"] == "yes" and not has_sp:
+            notes.append(f"sequence parallelism dropped (autotune's {framework} has none)")
         sp = [False]
     else:
         sp = [row["sequence_parallel"] == "yes"] if row["sequence_parallel"] else [True, False]

@@ -143,6 +143,9 @@ class Framework(abc.ABC):
     under the next forward (Megatron's --overlap-param-gather) instead of after the step."""
     tp_may_exceed_query_groups: ClassVar[bool] = False
     """tp may be a multiple of the key/value heads (they are then replicated)."""
+    sequence_parallel: ClassVar[bool] = False
+    """Megatron-style sequence parallelism (norms and dropout split over the sequence within a
+    tensor-parallel group) exists for tp > 1."""
     runs_train_script: ClassVar[bool] = False
     """Its launch scripts run a training program the user names (`JobSpec.train_script`, or
     autotune's built-in one), rather than the framework's own entry point."""
@@ -155,8 +158,9 @@ class Framework(abc.ABC):
     """The framework's own rules (the shared ones live in `autotune.frameworks.common`)."""
 
     def default_sp(self, tp: int) -> bool:
-        """Whether a layout gets sequence parallelism when the user does not say."""
-        return False
+        """Whether a layout gets sequence parallelism when the user does not say: whenever the
+        framework has it and tp > 1 (Megatron-LM's recommended setting)."""
+        return self.sequence_parallel and tp > 1
 
     def padded_vocab(self, vocab: int, tp: Any) -> Any:
         """The vocabulary as the framework pads it (tp may be a numpy array)."""

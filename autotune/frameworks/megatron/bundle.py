@@ -142,16 +142,13 @@ class Megatron(Framework):
     artifacts = ("pretrain_gpt.sh", "sbatch.sh")
     default_zero = 1
     context_parallel = "ring"
+    sequence_parallel = True
     tp_async_backward = True
     tp_comm_overlap = True
     param_gather_overlaps_forward = True
     tp_may_exceed_query_groups = True
     checkout_env = "MEGATRON_LM"
     rules: ClassVar[tuple[Rule, ...]] = tuple(MEGATRON_RULES)
-
-    def default_sp(self, tp: int) -> bool:
-        """Sequence parallelism whenever tp > 1 (Megatron-LM's recommended setting)."""
-        return tp > 1
 
     def padded_vocab(self, vocab: int, tp: Any) -> Any:
         """A multiple of 128·tp (`--make-vocab-size-divisible-by 128`, times tp)."""
