@@ -53,6 +53,14 @@ def runs_eager(cfg: AutotuneConfig) -> bool:
     return cfg.cluster.cpu_processes
 
 
+def _widths(cfg: AutotuneConfig, t: LayoutTable) -> tuple[Any, Any, Any]:
+    """Per-token widths on this rank: the hidden state (÷tp with sequence parallelism), the
+    queries and the keys (or values), each ÷tp."""
+    m = cfg.model
+    return (m.hidden_size / np.where(t.sp, t.tp, 1), m.head_dim * m.num_attention_heads / t.tp,
+            m.head_dim * m.query_groups / t.tp)
+
+
 def _mlp(width: Any, gated: bool, bias: bool, hidden: Any) -> tuple[Any, int]:
     """(elements per token, ops) of an MLP's elementwise work of `width` (already split by
     tp): SwiGLU silu (2f) and mul (3f) forward, two muls and silu_backward (9f) and the sum of
@@ -79,9 +87,7 @@ def eager_elementwise(cfg: AutotuneConfig, t: LayoutTable,
     """
     m = cfg.model
     n = t.mbs * cfg.train.seq_length / t.cp
-    h = m.hidden_size / np.where(t.sp, t.tp, 1)
-    q = m.head_dim * m.num_attention_heads / t.tp
-    kv = m.head_dim * m.query_groups / t.tp
+    h, q, kv = _widths(cfg, t)
     norm = RMSNORM if m.normalization == "rmsnorm" else LAYERNORM
     bias = m.add_bias_linear
     elements = 2 * (norm[0] + norm[1]) * h + 2 * 6 * h + 2 * 3 * h
@@ -146,9 +152,7 @@ def saved_activation_bytes(cfg: AutotuneConfig, t: LayoutTable,
     m = cfg.model
     s = cfg.train.seq_length / t.cp
     n = s * t.mbs
-    h = m.hidden_size / np.where(t.sp, t.tp, 1)
-    q = m.head_dim * m.num_attention_heads / t.tp
-    kv = m.head_dim * m.query_groups / t.tp
+    h, q, kv = _widths(cfg, t)
     heads = m.num_attention_heads / t.tp * (t.recompute == 0)
     norms = 2 * (3 * h + 1 if m.normalization == "rmsnorm" else 2 * h + 2)
     per_token = norms + 2 * q + 2 * kv + heads
@@ -184,7 +188,7 @@ def eager_optimizer_s(t: LayoutTable, k: Constants, shard: Any, bandwidth: float
     AdamW and the gradient clipping as eager memory-bound passes, plus ZeRO's copies with
     ZeRO 1-3 (counted against a real DeepSpeed engine's `step` in `tests/costmodel_tests`)."""
     moved = (EAGER_ADAM_BYTES + CLIP_BYTES + np.where(t.zero >= 1, ZERO_STEP_BYTES, 0)) * shard
-    return moved / (bandwidth * k.eager_efficiency)
+    return eager_time(moved, 0, bandwidth, k)
 
 
 EAGER_GRAD_ACCUMULATION_BYTES = 12
@@ -196,4 +200,4 @@ def eager_grad_accumulation_s(t: LayoutTable, k: Constants, params: Any,
                               bandwidth: float) -> Any:
     """Seconds per step of the weight-gradient additions after the first micro-batch."""
     extra = np.maximum(t.micro_batches - 1, 0)
-    return extra * EAGER_GRAD_ACCUMULATION_BYTES * params / (bandwidth * k.eager_efficiency)
+    return eager_time(extra * EAGER_GRAD_ACCUMULATION_BYTES * params, 0, bandwidth, k)
