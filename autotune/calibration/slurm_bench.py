@@ -203,7 +203,8 @@ def lost_job(out: Path, job_id: str, info: JobInfo | None, world: int, done: set
     """The line naming what the job lost (see the module docstring)."""
     state = info.state if info else "UNKNOWN"
     ended = f"Slurm job {job_id} {state}" + (f" on {info.nodes}" if info and info.nodes else "")
-    points = len(read_points(out)[0])
+    measured, devices, _ = read_points(out)
+    points = len(measured)
     if overran_s is not None:
         return (f"calibrate: the workers did not finish within {overran_s:.0f} s of the job's "
                 f"start (scancel); {points} points kept in {out}; {ended}")
@@ -213,7 +214,6 @@ def lost_job(out: Path, job_id: str, info: JobInfo | None, world: int, done: set
         how = exit_text(128 - code if 128 < code < 160 else code)  # bash: 128 + the signal
         return f"{lost_worker(rank, None, how, out)}; {ended}"
     missing = [rank for rank in range(world) if rank not in done]
-    _, devices, _ = read_points(out)
     hosts = {d.rank: d.host for d in devices}
     named = ", ".join(f"{rank} ({hosts.get(rank, 'never started')})" for rank in missing)
     return (f"calibrate: {ended}{f' ({info.reason})' if info and info.reason else ''}; "
