@@ -28,9 +28,10 @@ Communication (`autotune.costmodel.collectives`, NCCL's α-β model) is charged 
   reduced while the last micro-batch's backward runs on the layers before them: the last
   bucket is always exposed; the distributed optimizer's parameter all-gather hides under the
   next forward where the framework overlaps it (`TrainSpec.param_gather_overlapped`).
-- ZeRO-3: every micro-batch gathers each layer's weights before its forward (prefetched under
-  the previous layer) and before its backward, and reduce-scatters its gradients, with ring
-  latency over all dp·cp ranks; the first gather is never hidden.
+- ZeRO-3 (`autotune.costmodel.zero3`): every micro-batch gathers the weights before the forward
+  (prefetched), again for a recompute and the backward, and reduce-scatters the gradients,
+  with ring latency over all dp·cp ranks, per layer or, under DeepSpeed, per weight tensor with
+  its coordinator's prefetch and reuse limits; the first gather is never hidden.
 - offload: PCIe traffic and the CPU Adam; the GPU optimizer step streams 38 B per parameter.
 Overlapped communication still costs (1 − overlap_fraction) of its time (`exposed_s`).
 """
@@ -62,6 +63,7 @@ from autotune.costmodel.sharding import element_bytes
 from autotune.costmodel.sharding import expert_params_on_rank
 from autotune.costmodel.sharding import params_on_rank
 from autotune.costmodel.terms import terms_for
+from autotune.costmodel.zero3 import zero3_s
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
 
@@ -292,15 +294,8 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> TimeEsti
         shard = shard + experts / np.where(t.zero >= 1, t.expert_data_parallel, 1)
         params = params + experts
 
-    # ZeRO-3: per layer and micro-batch, weights gathered for forward (prefetched) and backward
-    ranks, per_node = t.shard_degree, np.maximum(gpn // t.tp, 1)
-    per_layer = params / np.maximum(layers, 1)
-    ag = collective_s("all_gather", 2 * per_layer, ranks, per_node, cfg, k)
-    rs = collective_s("reduce_scatter", grad_bytes * per_layer, ranks, per_node, cfg, k)
-    again = (t.recompute == 2) * ag  # the recomputed forward gathers once more
-    zero3 = ag + layers * (exposed_s(ag, layer.forward, k)
-                           + exposed_s(ag + rs + again, layer.backward, k))
-    zero3 = np.where((t.zero >= 3) & (ranks > 1), micro * zero3, 0.0)
+    # ZeRO-3: every micro-batch gathers the weights and reduce-scatters the gradients
+    zero3 = micro * zero3_s(cfg, t, k, params, layers, layer)
 
     # offload: gradients down and weights up over PCIe, Adam on the node's CPUs
     pcie = c.pcie_gb_s * 1e9

@@ -42,6 +42,29 @@ class StageSplit:
         return np.maximum(np.maximum(self.first, self.middle), self.last)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Zero3Fetch:
+    """How a framework's ZeRO-3 gathers weights (`autotune.costmodel.zero3`)."""
+
+    per_module: bool
+    """One all-gather per weight tensor, prefetched one module ahead (DeepSpeed), not one per
+    layer prefetched under the previous layer (FSDP)."""
+    overlap: bool = True
+    """Gathers and reduce-scatters run on their own streams under the compute; False: on the
+    compute stream, one after the other (DeepSpeed's overlap_comm false)."""
+    prefetch_numel: float | np.ndarray = np.inf
+    """Parameters prefetched after each module's wait (DeepSpeed's
+    stage3_prefetch_bucket_size)."""
+    max_live_numel: float | np.ndarray = np.inf
+    """No prefetch after a module of at least this many parameters (DeepSpeed's
+    stage3_max_live_parameters)."""
+    max_reuse_numel: float | np.ndarray = 0.0
+    """A weight used again within this many parameters of the trace stays gathered (DeepSpeed's
+    stage3_max_reuse_distance)."""
+    reduce_bucket_numel: float | np.ndarray = np.inf
+    """Gradients per reduce-scatter (DeepSpeed's reduce_bucket_size)."""
+
+
 class FrameworkTerms(Protocol):
     """What the cost model needs from a framework (`autotune.frameworks.Framework` has it)."""
 
@@ -75,6 +98,9 @@ class FrameworkTerms(Protocol):
     def unfused_grad_accumulation(self, t: LayoutTable) -> np.ndarray: ...
 
     def tp_backward_overlaps(self, t: LayoutTable) -> np.ndarray: ...
+
+    def zero3_fetch(self, cfg: AutotuneConfig, t: LayoutTable,
+                    params: np.ndarray) -> Zero3Fetch: ...
 
 
 _REGISTERED: dict[str, FrameworkTerms] = {}

@@ -22,6 +22,7 @@ import numpy as np
 
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.terms import StageSplit
+from autotune.costmodel.terms import Zero3Fetch
 from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
@@ -206,6 +207,12 @@ class Framework(abc.ABC):
         """Rows whose backward tensor-parallel collectives run under the GEMMs that do not need
         them (`tp_async_backward`, on every layout by default)."""
         return np.full(len(t), self.tp_async_backward)
+
+    def zero3_fetch(self, cfg: AutotuneConfig, t: LayoutTable,
+                    params: np.ndarray) -> Zero3Fetch:
+        """How ZeRO-3 gathers the weights: one unit per layer, prefetched under the previous
+        layer (PyTorch FSDP's transformer-block wrapping, Megatron-FSDP's per-layer buckets)."""
+        return Zero3Fetch(per_module=False)
 
     @abc.abstractmethod
     def render(

@@ -28,6 +28,7 @@ from autotune.costmodel.constants import Constants
 from autotune.costmodel.sharding import element_bytes
 from autotune.costmodel.sharding import params_on_rank
 from autotune.costmodel.terms import StageSplit
+from autotune.costmodel.terms import Zero3Fetch
 from autotune.frameworks.base import Framework
 from autotune.frameworks.base import RenderOptions
 from autotune.frameworks.base import Rule
@@ -45,6 +46,10 @@ from autotune.templating import version
 
 ZERO3_PREFETCH_FRACTION = 0.25
 """ZeRO-3 prefetch bucket as a fraction of the reduce bucket (rendered and counted alike)."""
+ZERO3_MAX_LIVE_PARAMETERS = 1_000_000_000
+"""stage3_max_live_parameters the rendered ds_config.json sets (DeepSpeed's default)."""
+ZERO3_MAX_REUSE_DISTANCE = 1_000_000_000
+"""stage3_max_reuse_distance: not rendered, DeepSpeed's default (runtime/zero/config.py)."""
 
 DEEPSPEED_RULES: list[Rule] = []
 """DeepSpeed's own rules."""
@@ -263,6 +268,21 @@ class DeepSpeed(Framework):
         """The reduce bucket the rendered ds_config.json sets (`bucket_elements`)."""
         return bucket_elements(params)
 
+    def zero3_fetch(self, cfg: AutotuneConfig, t: LayoutTable,
+                    params: np.ndarray) -> Zero3Fetch:
+        """DeepSpeed's coordinator with the rendered ds_config.json (one gather per weight,
+        prefetch and reuse within the live and reuse limits, reduce buckets); without
+        overlap_comm its gathers run on the compute stream (runtime/zero/parameter_offload.py:
+        `__allgather_stream` is the default stream unless overlap_comm). The PyTorch FSDP runs
+        this framework also expresses (`TrainSpec.stack` pytorch) gather by layer."""
+        if cfg.train.software_stack != "deepspeed":
+            return super().zero3_fetch(cfg, t, params)
+        bucket = bucket_elements(params)
+        return Zero3Fetch(per_module=True, overlap=cfg.train.overlap_grad_reduce,
+                          prefetch_numel=ZERO3_PREFETCH_FRACTION * bucket,
+                          max_live_numel=ZERO3_MAX_LIVE_PARAMETERS,
+                          max_reuse_numel=ZERO3_MAX_REUSE_DISTANCE, reduce_bucket_numel=bucket)
+
     def buffer_bytes(self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> np.ndarray:
         """overlap_comm double-buffers the reduce bucket; ZeRO-3 adds a prefetch bucket (in the
         training dtype's width)."""
@@ -420,7 +440,7 @@ def config(cfg: AutotuneConfig, layout: Layout) -> dict[str, Any]:
         "bucket": bucket,
         "prefetch_bucket": int(bucket * ZERO3_PREFETCH_FRACTION),
         "persistence_threshold": 10 * cfg.model.hidden_size,
-        "max_live_parameters": 1_000_000_000,
+        "max_live_parameters": ZERO3_MAX_LIVE_PARAMETERS,
         "offload_optimizer": layout.offload != "none",
         "offload_param": layout.offload == "optimizer+params",
         "precision": cfg.train.precision,
