@@ -47,11 +47,11 @@ class Zero3Fetch:
     """How a framework's ZeRO-3 gathers weights (`autotune.costmodel.zero3`)."""
 
     per_module: bool
-    """One all-gather per weight tensor, prefetched one module ahead (DeepSpeed), not one per
-    layer prefetched under the previous layer (FSDP)."""
+    """One all-gather per weight tensor, prefetched within the limits below (DeepSpeed), not
+    one per layer prefetched under the previous layer (FSDP)."""
     overlap: bool = True
-    """Gathers and reduce-scatters run on their own streams under the compute; False: on the
-    compute stream, one after the other (DeepSpeed's overlap_comm false)."""
+    """Per-weight gathers and reduce-scatters run on their own streams under the compute;
+    False: on the compute stream, one after the other (DeepSpeed's overlap_comm false)."""
     prefetch_numel: float | np.ndarray = np.inf
     """Parameters prefetched after each module's wait (DeepSpeed's
     stage3_prefetch_bucket_size)."""
