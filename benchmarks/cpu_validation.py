@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_parts(rows: list[dict[str, object]]) -> None:
     """Measured (rank 0) against predicted seconds per part of the step."""
-    names = ("compute", "tp_comm", "cp_comm", "pp_p2p", "pp_bubble", "dp_comm", "zero3_gather",
-             "offload", "optimizer")
+    names = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_p2p", "pp_bubble", "dp_comm",
+             "zero3_gather", "offload", "optimizer")
     print("\n| model | layout | " + " | ".join(names) + " |")
     print("|---|---|" + "---:|" * len(names))
     for r in rows:

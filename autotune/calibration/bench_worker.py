@@ -131,7 +131,9 @@ def attention(worker: Worker, plan: dict[str, Any]) -> None:
 
 
 def memory(worker: Worker, plan: dict[str, Any]) -> None:
-    """Elementwise add (two reads, one write) and, on GPUs, pinned host<->device copies."""
+    """Elementwise add (two reads, one write); on CPU workers the first touch of a freshly
+    mapped tensor (filling a new one less filling a kept one); on GPUs pinned host<->device
+    copies."""
     for nbytes in plan["elementwise_bytes"]:
         x, y = (torch.randn(nbytes // 4, device=worker.device) for _ in range(2))
         out = torch.empty_like(x)
@@ -142,6 +144,19 @@ def memory(worker: Worker, plan: dict[str, Any]) -> None:
         worker.write({"kind": "elementwise", "op": "add", "dtype": "fp32",
                       "shape": {"bytes": 3 * nbytes}, "seconds": seconds,
                       "rate": 3 * nbytes / seconds})
+    for nbytes in plan.get("touch_bytes", []):
+        kept = torch.empty(nbytes // 4, device=worker.device)
+
+        def fresh(n: int = nbytes // 4) -> None:
+            torch.empty(n, device=worker.device).fill_(1.0)
+
+        def reused(x: torch.Tensor = kept) -> None:
+            x.fill_(1.0)
+
+        seconds = max(timed(worker, fresh, plan["budget_s"])
+                      - timed(worker, reused, plan["budget_s"]), 1e-9)
+        worker.write({"kind": "touch", "op": "fill", "dtype": "fp32",
+                      "shape": {"bytes": nbytes}, "seconds": seconds, "rate": nbytes / seconds})
     if not worker.cuda:
         return
     for nbytes in plan["copy_bytes"]:

@@ -36,8 +36,8 @@ from autotune.specs.types import FROZEN
 
 FORMAT: Literal[1] = 1
 """Version of the file layout."""
-PointKind = Literal["gemm", "attention", "elementwise", "eager", "copy", "collective", "send",
-                    "step"]
+PointKind = Literal["gemm", "attention", "elementwise", "eager", "touch", "copy", "collective",
+                    "send", "step"]
 
 
 class Software(BaseModel):
@@ -82,12 +82,13 @@ class Point(BaseModel):
     kind: PointKind
     """What was measured."""
     op: str
-    """The operation: mm, sdpa, add, layer_ops (eager), h2d, d2h, all_reduce, all_gather,
+    """The operation: mm, sdpa, add, layer_ops (eager), fill (touch), h2d, d2h, all_reduce,
+    all_gather,
     reduce_scatter, all_to_all, send_recv, or a layout (train steps)."""
     dtype: str = ""
     """Element type (bf16, fp16, fp8, fp32)."""
     shape: dict[str, int] = Field(default_factory=dict)
-    """Sizes: m, n, k (GEMMs); b, heads, seq, head_dim (attention); bytes (memory, copies,
+    """Sizes: m, n, k (GEMMs); b, heads, seq, head_dim (attention); bytes (memory, touch, copies,
     collectives: the full buffer as nccl-tests counts it); tokens, bytes, ops (eager: the ops
     dispatched and the bytes they read and write)."""
     ranks: list[int] = Field(default_factory=list)

@@ -8,6 +8,9 @@ functions, so a residual is the model's error on that kernel:
 - causal attention forward+backward: `attention_efficiency` (3 × forward causal FLOPs at that
   fraction of the peak, as `kernels.layer_times` charges it);
 - elementwise add: `hbm_efficiency` (bytes over the device's memory bandwidth);
+- the first touch of fresh tensors (CPU workers): `first_touch_s_per_gb`
+  (`autotune.costmodel.eager.first_touch_s`); a CPU GEMM whose output is mapped afresh pays it
+  beside its FLOPs;
 - the eager layer ops (CPU workers): `eager_efficiency`, `eager_op_s` in
   `autotune.costmodel.eager` (bytes at that fraction of the fitted bandwidth plus a cost per
   dispatched op);
@@ -41,6 +44,7 @@ from autotune.costmodel.collectives import collective_s
 from autotune.costmodel.collectives import send_s
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.eager import eager_time
+from autotune.costmodel.eager import first_touch_s
 from autotune.costmodel.kernels import gemm_efficiency
 from autotune.specs import AutotuneConfig
 
@@ -53,6 +57,7 @@ KERNEL_BOUNDS: dict[str, tuple[float, float]] = {
     "hbm_efficiency": (1e-3, 1.0),
     "eager_efficiency": (1e-3, 1.0),
     "eager_op_s": (0.0, 1e-3),
+    "first_touch_s_per_gb": (0.0, 100.0),
     "nvlink_efficiency": (1e-3, 1.0),
     "comm_efficiency": (1e-3, 1.0),
     "latency_base_s": (0.0, 0.1),
@@ -172,13 +177,25 @@ def fit_kernels(cfg: AutotuneConfig, points: Sequence[Point], base: Constants
     out: list[Point] = []
     pts = merged(points)
 
+    touch = [p for p in pts if p.kind == "touch"]
+    if touch:
+        nbytes = np.array([p.shape["bytes"] for p in touch], dtype=float)
+        measured = np.array([p.seconds for p in touch])
+        k, found, predicted = _fit(("first_touch_s_per_gb",), k,
+                                   lambda c: first_touch_s(nbytes, c), measured)
+        fitted.update(found)
+        out += _with_prediction(touch, predicted)
+
     gemms = [p for p in pts if p.kind == "gemm" and p.dtype == precision]
     if len(gemms) >= 2:
         m, n, kk = (np.array([p.shape[d] for p in gemms], dtype=float) for d in "mnk")
         measured = np.array([p.seconds for p in gemms])
+        # a CPU worker's fresh output of 32 MiB or more is mapped anew at every call
+        fresh = 4.0 * m * n if cfg.cluster.cpu_processes else np.zeros(len(gemms))
         k, found, predicted = _fit(
             ("gemm_efficiency", "gemm_half_size"), k,
-            lambda c: 2 * m * n * kk / (peak * gemm_efficiency(m, n, kk, c)), measured)
+            lambda c: (2 * m * n * kk / (peak * gemm_efficiency(m, n, kk, c))
+                       + first_touch_s(fresh, c)), measured)
         fitted.update(found)
         out += _with_prediction(gemms, predicted)
 

@@ -3,7 +3,8 @@
 `bench_plan` picks what to time from the problem: the GEMM shapes of the model's candidate
 layouts (each linear GEMM of a layer and the output layer, per tp, mbs, cp, ep), a few square
 GEMMs for the size dependence, causal attention at the model's sequence and head sizes,
-elementwise buffers of the model's activation sizes, host<->device copies (GPUs), and
+elementwise buffers of the model's activation sizes, the first touch of fresh tensors (CPU
+workers), host<->device copies (GPUs), and
 collectives over message and group sizes. `run_local` starts one worker process per GPU (or
 CPU worker) on this machine (`autotune.calibration.bench_worker`, gloo on CPU, NCCL on GPUs);
 `read_points` reads what they wrote. A worker that dies stops the run: the others are stopped,
@@ -34,6 +35,7 @@ from autotune.calibration.file import Point
 from autotune.calibration.file import Software
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.kernels import layer_gemms
+from autotune.costmodel.terms import terms_for
 from autotune.exceptions import AutotuneError
 from autotune.layout import LayoutTable
 from autotune.runners.local import free_port
@@ -51,6 +53,11 @@ SQUARES_GPU = (512, 1024, 2048, 4096, 8192)
 EAGER_TOKENS = (32, 128, 512, 2048)
 """Token counts of the eager elementwise benchmark (CPU workers): the small ones pin the
 per-op cost, the large ones the bandwidth."""
+
+
+TOUCH_BYTES = (48 << 20, 96 << 20)
+"""Fresh tensors whose first touch CPU workers time: above glibc's largest mmap threshold
+(32 MiB), so each is mapped anew (`autotune.costmodel.eager.first_touch_s`)."""
 
 
 class WorkerLost(AutotuneError):
@@ -83,8 +90,10 @@ def gemm_shapes(cfg: AutotuneConfig, table: LayoutTable) -> list[tuple[int, int,
             for m, n, kk in zip(*np.broadcast_arrays(gemm.m, gemm.n, gemm.k), strict=True):
                 shapes.append((max(1, round(float(m))), max(1, round(float(n))),
                                max(1, round(float(kk)))))
+    split = terms_for(cfg).tp_splits_output_layer
     for m, tp in zip(tokens, table.tp, strict=True):
-        shapes.append((int(m), int(cfg.model.vocab_size // tp), cfg.model.hidden_size))
+        shapes.append((int(m), int(cfg.model.vocab_size // (tp if split else 1)),
+                       cfg.model.hidden_size))
     return shapes
 
 
@@ -111,6 +120,7 @@ def bench_plan(cfg: AutotuneConfig, layouts: LayoutTable, *, budget_s: float = 0
         "elementwise_bytes": sorted({max(4096, a) for a in activation}
                                     | {max(4096, 4 * a) for a in activation}),
         "copy_bytes": [] if cpu else [64 << 20],
+        "touch_bytes": list(TOUCH_BYTES) if cpu else [],
         "eager": ({"hidden": m.hidden_size, "tokens": list(EAGER_TOKENS),
                    "heads": m.num_attention_heads
                    if m.hidden_size % (2 * m.num_attention_heads) == 0 else 1} if cpu else {}),

@@ -81,6 +81,14 @@ class Constants(BaseModel):
     the kernel moves a byte), CPU workers only (`autotune.costmodel.eager`). Unit: s. Source:
     the eager microbenchmark's intercept (10-12 µs per op on one core of a shared 2-core
     cloud VM). Not fitted by the step-time fit."""
+    first_touch_s_per_gb: float = Field(default=0.5, ge=0)
+    """Seconds per GB a CPU worker spends the first time it writes a freshly mapped tensor
+    (page faults and the kernel's zeroing of each page): glibc's malloc maps every request
+    of at least its largest mmap threshold (`DEFAULT_MMAP_THRESHOLD_MAX`, 32 MiB on 64-bit)
+    anew and unmaps it on free, so such a tensor pays this at every use
+    (`autotune.costmodel.eager.first_touch_s`). CPU workers only. Unit: s/GB. Source:
+    `autotune calibrate`'s first-touch microbenchmark (0.55 ms per MiB on one core of a 2-core
+    cloud VM). Not fitted by the step-time fit."""
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
     """Fraction of the HBM datasheet bandwidth that streaming kernels reach. Unit:
     dimensionless. Source: copy kernels reach 80-90 % on A100/H100 (CUDA `bandwidthTest`).

@@ -20,6 +20,11 @@ constants come from `autotune calibrate`'s eager microbenchmark.
 
 `saved_activation_bytes` counts the bytes autograd keeps for one such layer's backward
 (checked against `torch.autograd.graph.saved_tensors_hooks`).
+
+`first_touch_s` charges the tensors of at least 32 MiB that every use maps afresh (glibc
+`malloc` serves them with `mmap` and unmaps them on free, PyTorch's CPU allocator keeps no
+cache): their page faults and zeroing, at `first_touch_s_per_gb` (checked against the minor
+page faults `getrusage` counts over the output layer and loss).
 """
 
 from __future__ import annotations
@@ -46,6 +51,22 @@ ROPE = (10, 14, 15, 7)
 two muls by cos and sin (2w each), add (3w); backward two muls (4w), two slice_backward
 (3w), two adds (6w), neg (w); ops forward (15 with the table's arange, pow, cos, sin ...)
 and backward (7)."""
+
+
+MMAP_THRESHOLD_MAX = 32 * 2**20
+"""glibc's largest dynamic mmap threshold on 64-bit (`DEFAULT_MMAP_THRESHOLD_MAX`,
+4 MiB · sizeof(long), malloc/malloc.c): a request at least this large is always mapped anew."""
+HEAD_FRESH_TENSORS = 4
+"""Logit-sized tensors the output layer and its loss create per micro-batch: the logits, the
+log-softmax (`F.cross_entropy`), and in the backward the loss's gradient into the
+log-softmax and the log-softmax's gradient into the logits."""
+
+
+def first_touch_s(nbytes: Any, k: Constants) -> Any:
+    """Seconds of the first touch of fresh tensors of `nbytes` each: their bytes at
+    `first_touch_s_per_gb` where at least MMAP_THRESHOLD_MAX (mapped anew), else 0 (the heap
+    serves them again)."""
+    return np.where(nbytes >= MMAP_THRESHOLD_MAX, nbytes, 0.0) * k.first_touch_s_per_gb / 1e9
 
 
 def runs_eager(cfg: AutotuneConfig) -> bool:

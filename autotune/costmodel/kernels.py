@@ -12,7 +12,9 @@ by tensor parallelism), its attention core and its memory-bound kernels:
 - memory-bound kernels at `hbm_efficiency` of HBM bandwidth: norms, residual adds (and dropout
   masks), rotary, the MLP activation and FP8 casts, each tensor read or written once per pass
   (`elementwise_bytes`), times `elementwise_passes`; backward moves twice the forward bytes.
-  CPU workers run these ops unfused and eager instead (`autotune.costmodel.eager`).
+  CPU workers run these ops unfused and eager instead (`autotune.costmodel.eager`), and pay
+  the first touch of GEMM outputs and logit-sized tensors of at least 32 MiB
+  (`eager.first_touch_s`).
 
 Context parallelism gives each GPU s/cp queries against (causally, on average) half of all s
 keys: its attention FLOPs are 1/cp of the sequence's. Recompute repeats the forward (full) or the
@@ -39,9 +41,13 @@ from typing import Any
 import numpy as np
 
 from autotune.costmodel.constants import Constants
+from autotune.costmodel.eager import HEAD_FRESH_TENSORS
 from autotune.costmodel.eager import eager_seconds
+from autotune.costmodel.eager import first_touch_s
 from autotune.costmodel.eager import runs_eager
 from autotune.costmodel.flops import attention_flops_per_token_per_layer
+from autotune.costmodel.sharding import element_bytes
+from autotune.costmodel.terms import terms_for
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
@@ -281,11 +287,16 @@ def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     linear = np.zeros(len(t))
     column = np.zeros(len(t))
     linear_flops = np.zeros(len(t))
+    touched = np.zeros(len(t))  # CPU workers: GEMM outputs mapped afresh, both passes
+    width = element_bytes(cfg)
     for gemm in layer_gemms(cfg, t, k, moe):
         seconds, flops = gemm_seconds(cfg, gemm, k)
         linear, linear_flops = linear + seconds, linear_flops + flops
         if gemm.column:
             column = column + 2 * seconds
+        rows = gemm.m * gemm.slow
+        touched = touched + gemm.count * sum(first_touch_s(width * a * b, k) for a, b in (
+            (rows, gemm.n), (rows, gemm.k), (gemm.n, gemm.k)))
 
     # attention: causal FLOPs of s/cp queries over the sequence (or its windows), split over tp
     fused = train.flash_attention
@@ -307,7 +318,8 @@ def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     if runs_eager(cfg):  # unfused ops: a third of their forward-plus-backward time forward
         copies = routed_tokens(cfg, t) * k.moe_load_imbalance if moe else None
         memory = (k.elementwise_passes * scores / hbm
-                  + eager_seconds(cfg, t, k, gpu.hbm_tb_s * 1e12 * k.hbm_efficiency, copies) / 3)
+                  + (eager_seconds(cfg, t, k, gpu.hbm_tb_s * 1e12 * k.hbm_efficiency, copies)
+                     + touched) / 3)
 
     full = t.recompute == 2
     selective = t.recompute == 1
@@ -343,14 +355,20 @@ def mean_layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> Layer
 def head_times(cfg: AutotuneConfig, t: LayoutTable, vocab: np.ndarray,
                k: Constants) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, FLOPs) of the output layer and the loss for one micro-batch on the last stage:
-    the logits GEMM (forward and both gradients) and the cross entropy's memory traffic."""
+    the logits GEMM (forward and both gradients) and the cross entropy's memory traffic, on
+    the rank's vocabulary shard (the whole vocabulary where the framework's tensor
+    parallelism leaves the output layer whole, `tp_splits_output_layer`; its FLOPs are then
+    the rank's 1/tp share, the model's FLOPs counted once)."""
     m, train, gpu = cfg.model, cfg.train, cfg.cluster.gpu
     fp8 = train.precision == "fp8"
     peak = gpu.peak_tflops[train.precision] * 1e12
     hbm = gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
     n = t.mbs * train.seq_length / t.cp
-    out = vocab / t.tp
+    out = vocab / (t.tp if terms_for(cfg).tp_splits_output_layer else 1)
     flops = 2 * n * out * m.hidden_size
     gemm = 3 * flops / (peak * gemm_efficiency(n, out, m.hidden_size, k, fp8))
     loss = k.elementwise_passes * LOSS_BYTES_PER_LOGIT * n * out / hbm
-    return gemm + loss, 3 * flops
+    if runs_eager(cfg):  # CPU workers map the logit-sized tensors afresh at every use
+        loss = loss + HEAD_FRESH_TENSORS * first_touch_s(4 * n * out, k)
+    # the model's FLOPs: a whole output layer repeated on every tp rank counts once
+    return gemm + loss, 3 * flops * (vocab / t.tp) / out

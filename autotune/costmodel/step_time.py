@@ -5,14 +5,16 @@ attention, memory-bound kernels, launch gaps) and, on the last stage, the output
 Communication (`autotune.costmodel.collectives`, NCCL's α-β model) is charged where it is exposed:
 
 - tensor parallel: per layer, forward all-reduces (or all-gathers and reduce-scatters with
-  sequence parallelism) block the next GEMM; in the backward, frameworks with asynchronous
+  sequence parallelism) block the next GEMM; without overlap the backward all-reduces each
+  column-parallel linear's input gradient (`tp_backward_all_reduces`: DeepSpeed's AutoTP
+  wraps q, k, v, gate and up apart); in the backward, frameworks with asynchronous
   tensor-parallel communication (`Framework.tp_backward_overlaps`: not Megatron-FSDP) hide the
   input all-gather and the gradient reduce under the column-parallel GEMMs' backward, the rest
   is exposed. With
   `TrainSpec.tp_comm_overlap` (userbuffers) all of them run under the linear GEMMs.
 - context parallel: Megatron's load-balanced ring passes K/V (forward) and K/V plus their
   gradients (backward) cp−1 times per layer, each pass under one block of attention; Ulysses
-  all-to-alls (q, k, v in, output back) are exposed.
+  all-to-alls (q, k and v in, output back: four calls each way) are exposed.
 - expert parallel (`ep_comm`, MoE layers only): token dispatch and combine over the ep group,
   forward and backward, every top-k copy (alltoall) or once per destination node (flex/DeepEP,
   `autotune.costmodel.expert_dispatch`), and with etp > 1 the expert tensor-parallel gathers,
@@ -33,7 +35,8 @@ Communication (`autotune.costmodel.collectives`, NCCL's α-β model) is charged 
   with ring latency over all dp·cp ranks, per layer or, under DeepSpeed, per weight tensor with
   its coordinator's prefetch and reuse limits; the first gather is never hidden.
 - offload: PCIe traffic and the CPU Adam; the GPU optimizer step streams 38 B per parameter.
-Overlapped communication still costs (1 − overlap_fraction) of its time (`exposed_s`).
+Overlapped communication still costs (1 − overlap_fraction) of its time (`exposed_s`); on CPU
+workers, whose collectives block, all of it.
 """
 
 from __future__ import annotations
@@ -123,7 +126,9 @@ def _tp_layer_s(cfg: AutotuneConfig, t: LayoutTable, linear_forward: np.ndarray,
     # hide under the column-parallel weight gradients.
     hidden = np.where(t.sp, 2 * half + exposed_s(4 * half, column_backward, k),
                       exposed_s(2 * whole, column_backward / 2, k))
-    backward = np.where(framework.tp_backward_overlaps(t), hidden, forward)
+    # without overlap: one input-gradient all-reduce per column-parallel linear (no sp)
+    plain_backward = np.where(t.sp, forward, framework.tp_backward_all_reduces(cfg) * whole)
+    backward = np.where(framework.tp_backward_overlaps(t), hidden, plain_backward)
     if framework.tp_comm_overlap and cfg.train.tp_comm_overlap:
         # userbuffers: every collective runs in chunks under the GEMM that consumes or produces
         # it, forward and backward (sequence parallelism only)
@@ -152,7 +157,10 @@ def _cp_layer_s(cfg: AutotuneConfig, t: LayoutTable, attention_forward: np.ndarr
     else:  # Ulysses: q, k, v to head-sharded, output back to sequence-sharded
         q_bytes = width * tokens * m.num_attention_heads * m.head_dim / t.tp
         per_node = np.maximum(gpn // t.tp, 1)
-        forward = all_to_all_s(2 * q_bytes + kv_bytes, t.cp, per_node, cfg, k)
+        # one all-to-all each (DeepSpeed's DistributedAttention.forward: q, k, v, then the
+        # output; the backward mirrors them)
+        forward = (2 * all_to_all_s(q_bytes, t.cp, per_node, cfg, k)
+                   + 2 * all_to_all_s(kv_bytes / 2, t.cp, per_node, cfg, k))
         backward = forward
     return np.where(t.cp > 1, forward * (1 + again) + backward, 0.0)
 
@@ -221,7 +229,7 @@ def _dp_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarray,
     grads = np.where(t.zero == 0, all_reduce, scatter)
     if framework.zero2_reduces_every_microbatch:
         grads = np.where(t.zero == 2, grads * t.micro_batches, grads)
-    gather = _reduce_s("all_gather", 2, params, bucket, forward_mb,
+    gather = _reduce_s("all_gather", element_bytes(cfg), params, bucket, forward_mb,
                        cfg.train.param_gather_overlapped
                        and framework.param_gather_overlaps_forward, cfg, t, k, expert)
     dp = grads + np.where((t.zero >= 1) & (t.zero < 3), gather, 0.0)
@@ -231,6 +239,11 @@ def _dp_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarray,
 
 def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> TimeEstimate:
     """Step-time parts (s) of many layouts, their sum, one micro-batch's time and the FLOPs."""
+    if cfg.cluster.cpu_processes:
+        # CPU workers: gloo collectives block the calling thread and DeepSpeed's CPU
+        # accelerator has no streams (`cpu_accelerator.py`: Stream None, stream() a no-op
+        # context), so no communication runs under compute
+        k = k.model_copy(update={"overlap_fraction": 0.0})
     m, train, c = cfg.model, cfg.train, cfg.cluster
     gpn = c.gpus_per_node
     framework = terms_for(cfg)

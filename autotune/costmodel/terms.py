@@ -79,6 +79,8 @@ class FrameworkTerms(Protocol):
     """ZeRO parameter gathers of the next step overlap this step's forward pass."""
     zero2_reduces_every_microbatch: ClassVar[bool]
     """ZeRO-2 reduces gradients after every micro-batch, not once per step."""
+    tp_splits_output_layer: ClassVar[bool]
+    """Tensor parallelism splits the output layer (and its loss) over the vocabulary."""
 
     def padded_vocab(self, vocab: int, tp: Any) -> Any: ...
 
@@ -101,6 +103,8 @@ class FrameworkTerms(Protocol):
 
     def zero3_fetch(self, cfg: AutotuneConfig, t: LayoutTable,
                     params: np.ndarray) -> Zero3Fetch: ...
+
+    def tp_backward_all_reduces(self, cfg: AutotuneConfig) -> int: ...
 
 
 _REGISTERED: dict[str, FrameworkTerms] = {}

@@ -21,6 +21,7 @@ from typing import Literal
 import numpy as np
 
 from autotune.costmodel.constants import Constants
+from autotune.costmodel.sharding import element_bytes
 from autotune.costmodel.terms import StageSplit
 from autotune.costmodel.terms import Zero3Fetch
 from autotune.layout import BoolArray
@@ -139,6 +140,9 @@ class Framework(abc.ABC):
     need them (Megatron's LinearWithGradAccumulationAndAsyncCommunication)."""
     tp_comm_overlap: ClassVar[bool] = False
     """Can overlap tensor-parallel collectives with the GEMMs (`TrainSpec.tp_comm_overlap`)."""
+    tp_splits_output_layer: ClassVar[bool] = True
+    """Tensor parallelism splits the output layer over the vocabulary (Megatron's
+    vocabulary-parallel output layer and cross entropy)."""
     param_gather_overlaps_forward: ClassVar[bool] = False
     """With overlapped gradient reduction, the sharded optimizer's parameter all-gather runs
     under the next forward (Megatron's --overlap-param-gather) instead of after the step."""
@@ -194,8 +198,10 @@ class Framework(abc.ABC):
         return per_bucket
 
     def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int:
-        """Bytes per gradient element in the data-parallel reduction."""
-        return 2
+        """Bytes per gradient element in the data-parallel reduction: the gradients' own
+        dtype (DeepSpeed's `communication_data_type` defaults to it; fp32 training reduces
+        4 B)."""
+        return element_bytes(cfg)
 
     def unfused_grad_accumulation(self, t: LayoutTable) -> np.ndarray:
         """Rows whose weight gradients are accumulated by a separate kernel where the
@@ -213,6 +219,11 @@ class Framework(abc.ABC):
         """How ZeRO-3 gathers the weights: one unit per layer, prefetched under the previous
         layer (PyTorch FSDP's transformer-block wrapping, Megatron-FSDP's per-layer buckets)."""
         return Zero3Fetch(per_module=False)
+
+    def tp_backward_all_reduces(self, cfg: AutotuneConfig) -> int:
+        """All-reduces of the input gradient per layer in the backward without sequence
+        parallelism: one per column-parallel linear, Megatron's fused QKV and fc1 (2)."""
+        return 2
 
     @abc.abstractmethod
     def render(

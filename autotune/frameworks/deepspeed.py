@@ -226,6 +226,10 @@ class DeepSpeed(Framework):
     runs_train_script = True
     zero2_reduces_every_microbatch = True
     trains_on_cpu = True
+    tp_splits_output_layer = False
+    """AutoTP's presets (`module_inject/autotp_config.py`, e.g. `AutoTPPresets.llama`) split
+    the attention and MLP projections only: the output layer, its loss and the embedding run
+    whole on every tensor-parallel rank."""
     rules: ClassVar[tuple[Rule, ...]] = tuple(DEEPSPEED_RULES)
 
     def split_layers(self, cfg: AutotuneConfig, pp: np.ndarray, vpp: np.ndarray) -> StageSplit:
@@ -261,6 +265,12 @@ class DeepSpeed(Framework):
         optimizer = np.where(offloaded, 0.0, optimizer)
         host = offloaded * 16 * params / n + (off == 2) * 2 * params / n
         return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
+
+    def tp_backward_all_reduces(self, cfg: AutotuneConfig) -> int:
+        """AutoTP wraps each Hugging Face projection on its own: every column-parallel
+        `LinearLayer` (q, k and v; gate and up, or up alone) all-reduces its input gradient in
+        `ColumnParallel.backward` (`module_inject/layers.py`), synchronously."""
+        return 3 + (2 if cfg.model.gated else 1)
 
     def grad_bucket_params(
         self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray

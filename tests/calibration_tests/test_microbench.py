@@ -113,7 +113,8 @@ def test_fit_recovers_known_constants(cpu_cfg) -> None:
     truth = constants_for(gpu_cfg.cluster.gpu).model_copy(update={
         "gemm_efficiency": 0.62, "gemm_half_size": 900.0, "attention_efficiency": 0.41,
         "hbm_efficiency": 0.7, "nvlink_efficiency": 0.55, "latency_base_s": 2e-5,
-        "latency_intra_s": 5e-6, "eager_efficiency": 0.45, "eager_op_s": 1.5e-5})
+        "latency_intra_s": 5e-6, "eager_efficiency": 0.45, "eager_op_s": 1.5e-5,
+        "first_touch_s_per_gb": 0.6})
     peak = 989.4e12
     points = []
     for m, n, k in [(512, 512, 512), (1024, 4096, 4096), (4096, 4096, 4096), (8192, 14336, 4096),
@@ -132,6 +133,8 @@ def test_fit_recovers_known_constants(cpu_cfg) -> None:
         points.append(Point(kind="eager", op="layer_ops", dtype="fp32",
                             shape={"tokens": tokens, "bytes": moved, "ops": ops}, ranks=[0],
                             seconds=moved / (3.35e12 * 0.7 * 0.45) + ops * 1.5e-5, rate=1.0))
+    points += [Point(kind="touch", op="fill", dtype="fp32", shape={"bytes": size}, ranks=[0],
+                     seconds=size * 0.6e-9, rate=1.0) for size in (48 << 20, 96 << 20)]
     comm = [Point(kind="collective", op=op, shape={"bytes": size}, ranks=list(range(g)),
                   seconds=1.0, rate=1.0)
             for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -146,7 +149,7 @@ def test_fit_recovers_known_constants(cpu_cfg) -> None:
     base = constants_for(gpu_cfg.cluster.gpu)
     fitted, predicted = fit_kernels(gpu_cfg, noisy, base)
     for name in ("gemm_efficiency", "gemm_half_size", "attention_efficiency", "hbm_efficiency",
-                 "nvlink_efficiency", "eager_efficiency", "eager_op_s"):
+                 "nvlink_efficiency", "eager_efficiency", "eager_op_s", "first_touch_s_per_gb"):
         assert fitted[name].value == pytest.approx(getattr(truth, name), rel=0.05), name
     assert fitted["gemm_efficiency"].median_residual < 0.03
     assert all(p.predicted_s is not None for p in predicted)

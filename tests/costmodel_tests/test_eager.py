@@ -12,6 +12,7 @@ accumulation: autograd's second backward into existing `.grad`.
 from __future__ import annotations
 
 import json
+import resource
 import socket
 import subprocess
 import sys
@@ -25,14 +26,17 @@ from autotune.costmodel.eager import eager_elementwise
 from autotune.costmodel.eager import eager_grad_accumulation_s
 from autotune.costmodel.eager import eager_optimizer_s
 from autotune.costmodel.eager import saved_activation_bytes
+from autotune.costmodel.kernels import head_times
 from autotune.frameworks import framework_of
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
+from autotune.specs.inputs import load_config
 from autotune.specs.inputs import load_model
 from autotune.workloads.common import trial_config
 from autotune.workloads.deepspeed_gpt import DecoderLayer
+from autotune.workloads.deepspeed_gpt import LossFn
 from autotune.workloads.dispatch import ElementwiseCount
 from autotune.workloads.dispatch import saved_bytes
 
@@ -133,3 +137,34 @@ def test_eager_grad_accumulation_matches_autograd() -> None:
                                         1.0 / k.eager_efficiency)  # bytes per parameter
     per_add = count.bytes / layer.weight.numel()  # with the loss's small sum: 12.03 B
     assert float(charged[0]) == pytest.approx(3 * per_add, rel=0.01)
+
+
+def test_output_layer_first_touch_matches_the_page_faults() -> None:
+    """Oracle: the minor page faults `getrusage` counts (4 KiB each) over the workload's output
+    layer and loss (`LossFn`), forward and backward, one thread, tiny-gpt at mbs 8: its
+    64 MiB logit-sized tensors are mapped afresh at every step. At `first_touch_s_per_gb` = 1
+    the model's extra seconds of the output layer are those bytes in GB (within 5 %)."""
+    spec = load_model("tiny-gpt")
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    head = torch.nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+    x = torch.randn(8, 256, spec.hidden_size, requires_grad=True)
+    labels = torch.randint(0, spec.vocab_size, (8, 256))
+
+    def step() -> None:
+        head.weight.grad = x.grad = None
+        LossFn(1.0)(head(x), labels).backward()  # type: ignore[no-untyped-call]
+
+    step()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        step()
+    faulted = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3 * 4096
+    cfg = load_config("tiny-gpt", "local", framework="deepspeed", processes=2)
+    layout = Layout.parse("tp=1,pp=1,cp=1,zero=0,mbs=8", cfg.world_size,
+                          cfg.train.global_batch_size, framework_of(cfg))
+    table = LayoutTable.from_layouts([layout])
+    vocab = framework_of(cfg).padded_vocab(spec.vocab_size, table.tp)
+    touched, untouched = (head_times(cfg, table, vocab, Constants(first_touch_s_per_gb=rate))[0]
+                          for rate in (1.0, 0.0))
+    assert float(touched[0] - untouched[0]) * 1e9 == pytest.approx(faulted, rel=0.05)
