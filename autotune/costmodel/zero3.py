@@ -90,9 +90,10 @@ def _pass_s(gathers: list[np.ndarray], sizes: list[np.ndarray], compute: list[np
 
 
 def _per_module_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, layer: LayerTimes,
-                  fetch: Zero3Fetch, grad_bytes: int) -> np.ndarray:
+                  fetch: Zero3Fetch, grad_bytes: int, model_numel: np.ndarray) -> np.ndarray:
     """One layer and micro-batch under DeepSpeed's coordinator: forward, recompute and backward
-    gathers by module, the gradient reduce-scatter in buckets under the backward."""
+    gathers by module, the gradient reduce-scatter in buckets (of the `model_numel` gathered
+    weights) under the backward."""
     sizes = weight_tensors(cfg, t)
     total = sum(sizes)
     width = element_bytes(cfg)
@@ -109,9 +110,11 @@ def _per_module_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, layer: Laye
     for j, gather in enumerate(gathers):
         later = sum(sizes[j + 1:], np.zeros_like(total))
         refetch.append(np.where(recompute & (2 * later < fetch.max_reuse_numel), 0.0, gather))
-    buckets = total / np.maximum(fetch.reduce_bucket_numel, 1)
-    scatter = buckets * collective_s("reduce_scatter", grad_bytes * np.minimum(
-        fetch.reduce_bucket_numel, total), ranks, per_node, cfg, k)
+    # a bucket fills across layers when it holds more than one (at most the whole model's
+    # gathered weights): each layer pays its share of one bucket's reduce-scatter
+    bucket = np.maximum(np.minimum(fetch.reduce_bucket_numel, model_numel), 1)
+    scatter = total / bucket * collective_s("reduce_scatter", grad_bytes * bucket, ranks,
+                                            per_node, cfg, k)
     behind = _pass_s(refetch[::-1], sizes[::-1], backward[::-1], fetch, k, scatter)
     layer_s: np.ndarray = ahead + again + behind
     return layer_s
@@ -140,5 +143,5 @@ def zero3_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarra
         edges = collective_s("all_gather", width * rest, ranks, per_node, cfg, k)
         edges = edges + collective_s("reduce_scatter", grad_bytes * rest, ranks, per_node,
                                      cfg, k)
-        micro = edges + layers * _per_module_s(cfg, t, k, layer, fetch, grad_bytes)
+        micro = edges + layers * _per_module_s(cfg, t, k, layer, fetch, grad_bytes, gathered)
     return np.where((t.zero >= 3) & (ranks > 1), micro, 0.0)

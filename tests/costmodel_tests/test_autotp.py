@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
 from autotune.costmodel.collectives import collective_s
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.estimate import estimate
 from autotune.costmodel.kernels import head_times
 from autotune.frameworks import framework_of
+from autotune.frameworks.deepspeed import config
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
 from autotune.specs.inputs import load_config
@@ -70,8 +72,10 @@ def test_cpu_workers_hide_no_communication_under_compute() -> None:
     """Oracle: DeepSpeed's CPU accelerator (`deepspeed/accelerator/cpu_accelerator.py`) has no
     streams (`Stream` None, `stream()` a no-op context) and is a synchronized device, and
     gloo's collectives block the caller. So ZeRO-3 on two CPU workers pays, per micro-batch,
-    the first gather and each layer's forward gather, backward gather and gradient
-    reduce-scatter in full (worked out from `collective_s`)."""
+    in full, the gathers of each weight tensor in the forward and again in the backward, its
+    share of the reduce bucket's reduce-scatter (the bucket DeepSpeed's own
+    `DeepSpeedZeroConfig` reads from the rendered ds_config) and the embedding's and output
+    layer's gather and reduce-scatter (worked out from `collective_s`)."""
     pytest.importorskip("deepspeed")
     from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
 
@@ -80,16 +84,27 @@ def test_cpu_workers_hide_no_communication_under_compute() -> None:
     cfg = load_config("tiny-gpt", "local", framework="deepspeed", processes=2)
     framework = framework_of(cfg)
     k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
-    layout = Layout.parse("tp=1,pp=1,cp=1,zero=3,mbs=2", cfg.world_size,
+    layout = Layout.parse("tp=1,pp=1,cp=1,zero=3,mbs=2,recompute=none", cfg.world_size,
                           cfg.train.global_batch_size, framework)
+    zero = DeepSpeedZeroConfig(**config(cfg, layout)["zero_optimization"])
     table = LayoutTable.from_layouts([layout])
     m = cfg.model
     vocab = framework.padded_vocab(m.vocab_size, table.tp)
     params = m.num_layers * m.layer_params() + 2 * m.hidden_size * vocab[0] + m.hidden_size
-    per_layer = np.array([params / m.num_layers])
+    h, d = m.hidden_size, m.head_dim
+    q, kv, mlp = h * m.num_attention_heads * d, h * m.query_groups * d, h * m.ffn
+    weights = [q, kv, kv, q] + [mlp] * (3 if m.gated else 2)  # one gather per weight tensor
+    layer_numel = sum(weights)
+    rest = params - m.num_layers * layer_numel  # embedding, output layer, norms: one each
     ranks, per_node = np.array([2]), np.array([cfg.cluster.gpus_per_node])
-    gather = collective_s("all_gather", 4 * per_layer, ranks, per_node, cfg, k)[0]
-    scatter = collective_s("reduce_scatter", 4 * per_layer, ranks, per_node, cfg, k)[0]
+
+    def full(op: str, numel: float) -> float:
+        return float(collective_s(op, 4 * np.array([numel]), ranks, per_node, cfg, k)[0])
+
+    bucket = min(zero.reduce_bucket_size, m.num_layers * layer_numel)
+    per_layer = (2 * sum(full("all_gather", n) for n in weights)  # forward and backward
+                 + layer_numel / bucket * full("reduce_scatter", bucket))
     micro = cfg.train.global_batch_size // (2 * 2)
-    expected = micro * (gather + m.num_layers * (2 * gather + scatter))
+    expected = micro * (full("all_gather", rest) + full("reduce_scatter", rest)
+                        + m.num_layers * per_layer)
     assert estimate(cfg, layout).time_parts["zero3_gather"] == pytest.approx(expected, rel=1e-6)
