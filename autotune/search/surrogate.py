@@ -9,8 +9,9 @@ stage) inherit its correction with little uncertainty, while an
 unmeasured family keeps the prior uncertainty. That prior σ (`amplitude`) is learned from the
 search's own out-of-sample errors: how far each trial ran from what the trials before it
 predicted (shrunk towards 10 %). The residuals after the refit cannot say it (the refit has
-absorbed them), so a model that missed by 2.7x on one layout keeps every unmeasured family
-that uncertain, and a model that keeps missing widens the search.
+absorbed them), so a model that keeps missing widens the search; once three errors are known,
+a gross miss is winsorized at `CLIP` robust σ (Huber 1964), so one layout that ran 6x slower
+than predicted does not hold every unmeasured family at ±50 % for the rest of the study.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ PRIOR_WEIGHT = 2.0
 """Pseudo-observations behind PRIOR_SD when the σ is re-estimated."""
 MIN_NOISE = 0.01
 """Floor of a measurement's relative noise."""
+CLIP = 2.5
+"""Errors beyond this many robust σ (1.4826 · median |error|, at least `PRIOR_SD`) are
+winsorized there (Huber 1964): one gross miss is one layout's residual, not every family's
+uncertainty."""
+ROBUST_MIN = 3
+"""Errors needed before they are winsorized (a median of fewer says nothing)."""
 
 
 def features(t: LayoutTable) -> np.ndarray:
@@ -88,20 +95,32 @@ class Residuals:
 
 def amplitude(errors: np.ndarray) -> float:
     """Prior σ of the log residual from out-of-sample log errors (each trial against the
-    prediction made before it ran), with `PRIOR_WEIGHT` pseudo-errors of `PRIOR_SD`."""
-    errors = np.asarray(errors, float)
+    prediction made before it ran), `winsorized`, with `PRIOR_WEIGHT` pseudo-errors of
+    `PRIOR_SD`."""
+    errors = winsorized(np.asarray(errors, float))
     return float(np.sqrt(((errors**2).sum() + PRIOR_WEIGHT * PRIOR_SD**2)
                          / (len(errors) + PRIOR_WEIGHT)))
+
+
+def winsorized(errors: np.ndarray) -> np.ndarray:
+    """`errors` clipped at `CLIP` robust σ once there are `ROBUST_MIN` of them."""
+    if len(errors) < ROBUST_MIN:
+        return errors
+    scale = max(PRIOR_SD, 1.4826 * float(np.median(np.abs(errors))))
+    clipped: np.ndarray = np.clip(errors, -CLIP * scale, CLIP * scale)
+    return clipped
 
 
 def fit_residuals(x: np.ndarray, residual: np.ndarray, noise: np.ndarray,
                   sd: float | None = None) -> Residuals:
     """Fit to observed kernel inputs `x`, log residuals and relative measurement noise; `sd`
-    is the prior σ (`amplitude`; None: from the residuals themselves)."""
+    is the prior σ (`amplitude`; None: from the residuals themselves). The process's level
+    is the `winsorized` residuals' mean shrunk towards 0 (one pseudo-residual of 0), so one
+    layout missed by 6x does not move every unmeasured layout."""
     n = len(residual)
     if not n:
         return Residuals(x, np.zeros(0), np.zeros((0, 0)), 0.0, PRIOR_SD if sd is None else sd)
-    mean = float(residual.sum() / (n + 1))
+    mean = float(winsorized(residual).sum() / (n + 1))
     if sd is None:
         sd = amplitude(residual - mean)
     noise = np.maximum(noise, MIN_NOISE)

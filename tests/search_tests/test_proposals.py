@@ -255,3 +255,20 @@ def test_the_models_discrepancy_is_learned_out_of_sample() -> None:
     # the belief's σ of an unmeasured family reflects the discrepancy, not ±10 %
     belief = proposer.belief(ok[:1])
     assert float(np.median(belief.sd)) > 0.3
+
+
+def test_one_gross_miss_does_not_hold_the_discrepancy_wide() -> None:
+    """Oracle: worked by hand. Out-of-sample log errors 0.05, -0.05, 0.1 and 2.0 (one layout
+    ran 7.4x slower than predicted, a term the model prices far off there): the robust σ is
+    1.4826 · median |error| = 1.4826 · 0.075 = 0.1112, so 2.0 is winsorized at 2.5 · 0.1112 =
+    0.2780 and the amplitude is sqrt((0.0025 + 0.0025 + 0.01 + 0.2780² + 2 · 0.01) / 6) =
+    0.1368, not the 0.8201 the raw errors give. Before, on Mixtral 8x22B over 32 DGX H100 one
+    such miss in the first trial kept every unmeasured family at ±50 % for 20 trials. With
+    fewer than 3 errors nothing is clipped (a median of two says nothing)."""
+    from autotune.search.surrogate import amplitude
+    from autotune.search.surrogate import winsorized
+
+    errors = np.array([0.05, -0.05, 0.1, 2.0])
+    assert winsorized(errors)[-1] == pytest.approx(2.5 * 1.4826 * 0.075, rel=1e-6)
+    assert amplitude(errors) == pytest.approx(0.1368, abs=5e-4)
+    assert amplitude(np.array([2.0, 0.0])) == pytest.approx(np.sqrt((4.0 + 0.02) / 4))
