@@ -26,6 +26,7 @@ import numpy as np
 
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.sharding import element_bytes
+from autotune.costmodel.sharding import largest_module_params
 from autotune.costmodel.sharding import params_on_rank
 from autotune.costmodel.terms import StageSplit
 from autotune.costmodel.terms import Zero3Fetch
@@ -154,6 +155,28 @@ def bucket_elements(params_per_rank: np.ndarray | int) -> np.ndarray:
     return np.minimum(200_000_000, np.maximum(params_per_rank, 1_000_000))
 
 
+def cpu_offload_buffers(t: LayoutTable, partition: np.ndarray, largest: np.ndarray,
+                        w: int) -> np.ndarray:
+    """Bytes the optimizer offload allocates beside the offloaded states, on the offload
+    device (host memory; a CPU worker's own), for `partition` parameters per rank and the
+    largest parameter's `largest` (DeepSpeed 0.19.8, `runtime/zero/`):
+
+    - ZeRO 1-2 (`stage_1_and_2.py`): the 16-bit copy of the partition that the step writes
+      before the weights (`param_buffer_of_bit16_for_cpu_offload_groups`, `__init__`), with
+      gradient accumulation a copy of each owned gradient (`accumulated_grads_in_cpu`,
+      `async_accumulate_grad_in_cpu_via_gpu`), and two staging buffers of the largest
+      parameter (`temp_grad_buffer_for_cpu_offload` and `_for_gpu_offload`);
+    - ZeRO-3 (`stage3.py`, `initialize_optimizer_states`): the fp32 `gradient_buffer` of the
+      partition, which the offload allocates although each subgroup's gradient gets its own.
+    """
+    offloaded = t.offload >= 1
+    accumulates = t.micro_batches > 1
+    staged = np.where(t.zero >= 3, 4 * partition,
+                      w * partition * (1 + accumulates) + 2 * w * largest)
+    buffers: np.ndarray = offloaded * staged
+    return buffers
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TrainProgram:
     """The DeepSpeed training program the launch scripts run (the user's script by default).
@@ -248,7 +271,9 @@ class DeepSpeed(Framework):
         grad partition; fp32 master + Adam m, v (12 B), sharded over dp·cp (experts: edp,
         DeepSpeed's expert data-parallel group) by ZeRO; CPU offload moves the optimizer (and
         ZeRO-3 parameters). Without ZeRO, fp32 training steps the torch optimizer on the weights
-        themselves: no fp32 copies (grads 4 B, Adam m, v 8 B)."""
+        themselves: no fp32 copies (grads 4 B, Adam m, v 8 B). On CPU workers the offload
+        device "cpu" is the worker's own memory, so the offloaded states stay in the process
+        (and no host bytes are counted apart)."""
         n, z, off = shard, t.zero, t.offload
         w = element_bytes(cfg)
         copies = 0 if w == 4 else 4  # the fp32 grad and master copies of 16-bit training
@@ -264,6 +289,11 @@ class DeepSpeed(Framework):
         grads = np.where(offloaded, np.where(z >= 3, w * gathered, 0.0), grads)
         optimizer = np.where(offloaded, 0.0, optimizer)
         host = offloaded * 16 * params / n + (off == 2) * 2 * params / n
+        if cfg.cluster.cpu_processes:
+            grads = grads + offloaded * 4 * params / n  # the fp32 gradient partition
+            optimizer = optimizer + offloaded * 12 * params / n  # fp32 master, Adam m and v
+            weights = weights + (off == 2) * w * params / n  # the parameters' partition
+            host = 0 * host
         return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
 
     def tp_backward_all_reduces(self, cfg: AutotuneConfig) -> int:
@@ -295,11 +325,17 @@ class DeepSpeed(Framework):
 
     def buffer_bytes(self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> np.ndarray:
         """overlap_comm double-buffers the reduce bucket; ZeRO-3 adds a prefetch bucket (in the
-        training dtype's width)."""
+        training dtype's width); CPU workers also hold the offload's staging buffers
+        (`cpu_offload_buffers`)."""
         bucket = bucket_elements(params)
         w = element_bytes(cfg)
         reduce = np.where(t.zero >= 1, 2 * w * bucket, 0.0)
-        return reduce + np.where(t.zero >= 3, w * ZERO3_PREFETCH_FRACTION * bucket, 0.0)
+        buffers = reduce + np.where(t.zero >= 3, w * ZERO3_PREFETCH_FRACTION * bucket, 0.0)
+        if cfg.cluster.cpu_processes:
+            largest = largest_module_params(cfg.model, t,
+                                            self.padded_vocab(cfg.model.vocab_size, t.tp))
+            buffers = buffers + cpu_offload_buffers(t, params / t.shard_degree, largest, w)
+        return buffers
 
     def render(
         self, cfg: AutotuneConfig, layout: Layout, options: RenderOptions
