@@ -21,10 +21,10 @@ import argparse
 import numpy as np
 from rich.console import Console
 from rich.table import Table
-from scipy.optimize import brentq
 
 from autotune.calibration.fit import Measured
 from autotune.calibration.fit import best_layout
+from autotune.calibration.fit import implied_constant
 from autotune.calibration.fit import predicted_step_s
 from autotune.calibration.fit import published_points
 from autotune.calibration.published import label
@@ -39,14 +39,7 @@ from autotune.layout import LayoutTable
 def implied_attention(point: Measured, k: Constants) -> float | None:
     """The attention efficiency at which the model's fastest candidate takes the measured step
     time, other constants fixed (None when no value within 0.05-1 does)."""
-    def gap(x: float) -> float:
-        return predicted_step_s(point, k.model_copy(update={"attention_efficiency": x})) - (
-            point.step_time_s)
-
-    low, high = 0.05, 1.0
-    if gap(low) * gap(high) > 0:
-        return None
-    return float(brentq(gap, low, high, xtol=1e-4))
+    return implied_constant(point, k, "attention_efficiency", 0.05, 1.0, xtol=1e-4)
 
 
 def shares(point: Measured, k: Constants) -> tuple[float, float]:

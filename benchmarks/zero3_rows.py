@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 from rich.console import Console
 from rich.table import Table
-from scipy.optimize import brentq
 
 from autotune.calibration.fit import Measured
 from autotune.calibration.fit import best_layout
+from autotune.calibration.fit import implied_constant
 from autotune.calibration.fit import predicted_step_s
 from autotune.calibration.fit import published_points
 from autotune.calibration.published import label
@@ -37,14 +37,7 @@ from autotune.layout import LayoutTable
 def implied_network(point: Measured, k: Constants) -> float | None:
     """The comm_efficiency at which the model's fastest candidate takes the measured step time
     (None when no value within 0.005-1 does)."""
-    def gap(x: float) -> float:
-        return predicted_step_s(point, k.model_copy(update={"comm_efficiency": x})) - (
-            point.step_time_s)
-
-    low, high = 0.005, 1.0
-    if gap(low) * gap(high) > 0:
-        return None
-    return float(brentq(gap, low, high, xtol=1e-5))
+    return implied_constant(point, k, "comm_efficiency", 0.005, 1.0, xtol=1e-5)
 
 
 def main() -> None:

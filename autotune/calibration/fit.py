@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from scipy.optimize import brentq
 from scipy.optimize import least_squares
 
 from autotune.calibration.published import PUBLISHED_RUNS
@@ -68,6 +69,18 @@ class Measured:
 def predicted_step_s(point: Measured, k: Constants) -> float:
     """The model's step time (the fastest candidate when the layout was not fully published)."""
     return float(np.min(estimate_time(point.cfg, point.table, k).total))
+
+
+def implied_constant(point: Measured, k: Constants, name: str, low: float, high: float,
+                     xtol: float = 1e-4) -> float | None:
+    """The value of constant `name` within [low, high] at which the model's step time equals the
+    measured one, the other constants fixed (None when no value in the range does)."""
+    def gap(x: float) -> float:
+        return predicted_step_s(point, k.model_copy(update={name: x})) - point.step_time_s
+
+    if gap(low) * gap(high) > 0:
+        return None
+    return float(brentq(gap, low, high, xtol=xtol))
 
 
 def best_layout(point: Measured, k: Constants) -> Layout:
