@@ -4,7 +4,7 @@
 the ds_config.json and layout.json a trial renders, in 1 or more gloo processes, and runs a
 few steps. Before each phase it resets the kernel's high-water mark of the process's resident
 memory (`/proc/self/clear_refs`, 5), and after it reads the mark again (`VmHWM`, what a
-trial's `ru_maxrss` reports): the peak inside the phase. Phases: the imports and
+trial's `peak_memory_bytes` reports): the peak inside the phase. Phases: the imports and
 `init_distributed` (the process's base), `deepspeed.initialize` with the model's
 construction, then each step's forward with the loss, backward and `step`. The peak over them
 is the trial's measured peak. It prints, per layout, each phase's peak and what stayed

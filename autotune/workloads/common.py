@@ -179,10 +179,19 @@ def refusal(cfg: AutotuneConfig, layout: Layout, limits: tuple[Rule, ...] = ()) 
 
 
 def peak_memory_bytes() -> int:
-    """This rank's peak: allocated CUDA memory on GPU, resident set size (VmHWM) on CPU."""
+    """This rank's peak: allocated CUDA memory on GPU, this process's resident high-water mark
+    on CPU (`VmHWM` of /proc/self/status). Not `ru_maxrss`: Linux carries it across exec from
+    the parent (`exec_mmap` keeps `signal->maxrss`), so a worker started by a larger process
+    (a test runner, a launcher) would report the parent's size."""
     if torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:  # no procfs (macOS): the kernel's own peak
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    kib = next(int(line.split()[1]) for line in status.splitlines()
+               if line.startswith("VmHWM:"))
+    return kib * 1024
 
 
 class Reporter:

@@ -3,9 +3,10 @@
 Oracle: the built-in workload (`python -m autotune.workloads.deepspeed_gpt`, one gloo
 process, rank 0 of 1) trains tiny-gpt from the files a trial renders (`write_artifacts` and
 `write_problem`, as `TrialPipeline` does) and reports its peak resident memory, the trials'
-own instrument (`ru_maxrss`), with glibc's mmap threshold fixed (`MMAP_THRESHOLD`) so that it
-is the peak of the live tensors. Differences between two runs cancel the process's base (the
-interpreter, torch and DeepSpeed), so they check each term on its own.
+own instrument (`peak_memory_bytes`: the process's own `VmHWM`), with glibc's mmap threshold
+fixed (`MMAP_THRESHOLD`) so that it is the peak of the live tensors. Differences between two
+runs cancel the process's base (the interpreter, torch and DeepSpeed), so they check each term
+on its own.
 """
 
 from __future__ import annotations

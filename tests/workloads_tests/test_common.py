@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,20 @@ def test_train_loop_stops_at_a_nan_loss(
     assert (summary["status"], summary["steps"], summary["peak_memory_bytes"]) == ("nan", 4, 5)
     assert summary["median_step_time_s"] == 2.5  # steps 1 and 2; warm-up and the NaN step left out
     assert (summary["world_size"], summary["layout"]) == (1, plan.layout.id)
+
+
+def test_a_workers_peak_is_its_own_not_its_parents() -> None:
+    """Oracle: the Linux kernel. A process started by a larger one (a test runner, a launcher)
+    inherits the parent's `ru_maxrss` across exec, so that figure would report the parent's
+    size; the peak the workload reports is the child's own resident high-water mark."""
+    held = b"\x01" * (1536 * 2**20)  # 1.5 GiB of touched pages in this process
+    probe = ("import resource\nfrom autotune.workloads.common import peak_memory_bytes\n"
+             "print(peak_memory_bytes(), "
+             "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, timeout=120)
+    own, inherited = (int(x) for x in done.stdout.split())
+    parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert len(held) > 0 and parent > len(held)
+    assert inherited >= len(held)  # what ru_maxrss would have reported
+    assert own < len(held)  # the child's own peak (interpreter, torch, autotune)
