@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -43,10 +42,10 @@ KINDS = ("RssAnon", "RssFile", "RssShmem")
 # --- the probe: runs inside each worker process ------------------------------------------------
 
 
-def _status_kib(field: str) -> int:
-    text = Path("/proc/self/status").read_text()
-    match = re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE)
-    return int(match.group(1)) if match else 0
+def _status_bytes(field: str) -> int:
+    from autotune.workloads.common import process_status_bytes  # the trials' own reader
+
+    return process_status_bytes(field) or 0
 
 
 def _malloc_in_use() -> int:
@@ -84,7 +83,7 @@ class _Phases:
         _reset_peak()
 
     def end(self, name: str) -> None:
-        peak, after = _status_kib("VmHWM") * 1024, _status_kib("VmRSS") * 1024
+        peak, after = _status_bytes("VmHWM"), _status_bytes("VmRSS")
         self.peak[name] = max(self.peak.get(name, 0), peak)
         self.after[name] = after
         self.trace.append((name, peak, after, _malloc_in_use()))
@@ -139,7 +138,7 @@ def probe(folder: Path, steps: int) -> None:
     # what the resident memory is made of at the end: private (anonymous) pages, mapped files
     # (libraries) and shared memory (`VmRSS` = RssAnon + RssFile + RssShmem)
     mine = {"peak": phases.peak, "after": phases.after,
-            "kinds": {name: _status_kib(name) * 1024 for name in KINDS}}
+            "kinds": {name: _status_bytes(name) for name in KINDS}}
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     if os.environ.get("CPU_MEMORY_TRACE"):

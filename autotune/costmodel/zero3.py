@@ -130,12 +130,6 @@ def zero3_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarra
     grad_bytes = framework.grad_reduce_bytes(cfg)
     width = element_bytes(cfg)
     ranks, per_node = t.shard_degree, np.maximum(cfg.cluster.gpus_per_node // t.tp, 1)
-    per_layer = params / np.maximum(layers, 1)
-    ag = collective_s("all_gather", width * per_layer, ranks, per_node, cfg, k)
-    rs = collective_s("reduce_scatter", grad_bytes * per_layer, ranks, per_node, cfg, k)
-    again = (t.recompute == 2) * ag  # the recomputed forward gathers once more
-    micro = ag + layers * (exposed_s(ag, layer.forward, k)
-                           + exposed_s(ag + rs + again, layer.backward, k))
     if fetch.per_module and not (cfg.model.moe or cfg.model.multi_latent_attention):
         gathered = layers * sum(weight_tensors(cfg, t))
         # embedding and output layer (and the norms and biases, which persist): exposed
@@ -144,4 +138,11 @@ def zero3_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarra
         edges = edges + collective_s("reduce_scatter", grad_bytes * rest, ranks, per_node,
                                      cfg, k)
         micro = edges + layers * _per_module_s(cfg, t, k, layer, fetch, grad_bytes, gathered)
+    else:
+        per_layer = params / np.maximum(layers, 1)
+        ag = collective_s("all_gather", width * per_layer, ranks, per_node, cfg, k)
+        rs = collective_s("reduce_scatter", grad_bytes * per_layer, ranks, per_node, cfg, k)
+        again = (t.recompute == 2) * ag  # the recomputed forward gathers once more
+        micro = ag + layers * (exposed_s(ag, layer.forward, k)
+                               + exposed_s(ag + rs + again, layer.backward, k))
     return np.where((t.zero >= 3) & (ranks > 1), micro, 0.0)

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import resource
 import sys
 import time
@@ -185,13 +186,21 @@ def peak_memory_bytes() -> int:
     (a test runner, a launcher) would report the parent's size."""
     if torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
+    peak = process_status_bytes("VmHWM")
+    if peak is None:  # no procfs (macOS): the kernel's own peak
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak
+
+
+def process_status_bytes(field: str) -> int | None:
+    """A memory field of /proc/self/status (VmHWM, VmRSS, RssAnon, ...) in bytes; None where
+    there is no procfs or no such field."""
     try:
         status = Path("/proc/self/status").read_text()
-    except OSError:  # no procfs (macOS): the kernel's own peak
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    kib = next(int(line.split()[1]) for line in status.splitlines()
-               if line.startswith("VmHWM:"))
-    return kib * 1024
+    except OSError:
+        return None
+    match = re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE)
+    return int(match.group(1)) * 1024 if match else None
 
 
 class Reporter:
