@@ -183,7 +183,9 @@ def peak_memory_bytes() -> int:
     """This rank's peak: allocated CUDA memory on GPU, this process's resident high-water mark
     on CPU (`VmHWM` of /proc/self/status). Not `ru_maxrss`: Linux carries it across exec from
     the parent (`exec_mmap` keeps `signal->maxrss`), so a worker started by a larger process
-    (a test runner, a launcher) would report the parent's size."""
+    (a test runner, a launcher) would report the parent's size. The kernel reports `VmHWM` as
+    the larger of its recorded high-water mark, updated lazily, and the current RSS, so two reads
+    can go down: callers keep the running maximum."""
     if torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
     peak = process_status_bytes("VmHWM")
@@ -282,7 +284,7 @@ def train_loop(
     status, steps = "ok", plan.steps
     for step in range(plan.steps):
         step_time_s, loss = timed_step(step)
-        peak = max_over_ranks(peak_memory_bytes(), device)
+        peak = max(peak, max_over_ranks(peak_memory_bytes(), device))
         warmup = step < plan.warmup
         record = step_record(step, step_time_s, plan.tokens_per_step, loss, peak, warmup)
         reporter.emit({**record, **(step_extra(step) if step_extra else {})})
