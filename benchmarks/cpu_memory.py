@@ -77,16 +77,19 @@ class _Phases:
     def __init__(self) -> None:
         self.peak: dict[str, int] = {}
         self.after: dict[str, int] = {}
-        self.trace: list[tuple[str, int, int, int]] = []
+        self.trace: list[tuple[str, int, int, int, list[tuple[int, int]]]] = []
 
     def start(self) -> None:
         _reset_peak()
 
     def end(self, name: str) -> None:
+        from autotune.workloads.common import malloc_arenas
+
         peak, after = _status_bytes("VmHWM"), _status_bytes("VmRSS")
         self.peak[name] = max(self.peak.get(name, 0), peak)
         self.after[name] = after
-        self.trace.append((name, peak, after, _malloc_in_use()))
+        heaps = malloc_arenas() if os.environ.get("CPU_MEMORY_TRACE") else []
+        self.trace.append((name, peak, after, _malloc_in_use(), heaps))
 
 
 def probe(folder: Path, steps: int) -> None:
@@ -142,9 +145,11 @@ def probe(folder: Path, steps: int) -> None:
     every: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     if os.environ.get("CPU_MEMORY_TRACE"):
-        for name, peak, after, used in phases.trace:
+        for name, peak, after, used, heaps in phases.trace:
+            arenas = " ".join(f"{system / MIB:.0f}/{free / MIB:.0f}" for system, free in heaps)
             print(f"TRACE rank {dist.get_rank()} {name:10s} peak {peak / MIB:7.1f} after "
-                  f"{after / MIB:7.1f} malloc in use {used / MIB:7.1f}", flush=True)
+                  f"{after / MIB:7.1f} malloc in use {used / MIB:7.1f} arenas (held/free) "
+                  f"{arenas}", flush=True)
     if dist.get_rank() == 0:
         merged = {kind: {name: max(r[kind].get(name, 0) for r in every) for name in names}
                   for kind, names in (("peak", PHASES), ("after", PHASES), ("kinds", KINDS))}
@@ -173,14 +178,24 @@ def write_trial(cfg: Any, layout: Any, folder: Path) -> None:
     write_problem(cfg, folder)
 
 
-def run_probe(cfg: Any, layout: Any, folder: Path, steps: int = 3) -> dict[str, dict[str, int]]:
+def run_probe(cfg: Any, layout: Any, folder: Path, steps: int = 3,
+              allocator: dict[str, str | None] | None = None) -> dict[str, dict[str, int]]:
     """Render `layout` into `folder` and run the probe in the trial's processes (torchrun for
-    more than one; the trials' thread count); returns the peaks and residents per phase."""
+    more than one; the trials' thread count and allocator settings, `allocator`'s variables
+    on top, None unsetting one); returns the peaks and residents per phase."""
+    from autotune.runners.base import cpu_allocator_env
+
     write_trial(cfg, layout, folder)
     workers = cfg.cluster.gpus_per_node
     threads = max(1, (os.cpu_count() or 1) // workers)
     command = [sys.executable, __file__, "probe", str(folder), "--steps", str(steps)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+           **cpu_allocator_env(cfg, os.environ)}
+    for name, value in (allocator or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     if workers > 1:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes",
                    "1", "--nproc_per_node", str(workers), *command[1:]]
@@ -240,6 +255,52 @@ def phases_table(model: str, workers: int, layouts: list[str], steps: int,
           "ranks and steps)")
 
 
+# --- allocators: the same trials under three glibc settings --------------------------------------
+
+ALLOCATORS: dict[str, dict[str, str | None]] = {
+    "glibc default": {"MALLOC_ARENA_MAX": None},
+    "one arena": {"MALLOC_ARENA_MAX": "1"},
+    "trimmed": {"MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": "0"},
+}
+"""glibc settings of `allocators`. By default each thread that allocates gets its own arena
+(gloo's workers among them); `MALLOC_ARENA_MAX=1` (what the trials set on CPU workers,
+`autotune.runners.base.CPU_ALLOCATOR_ENV`) keeps every thread in the main one. A fixed trim
+threshold of 0 gives the heap's free top back at every free and, as any fixed setting does
+(`mp_.no_dyn_threshold` in glibc's `malloc/malloc.c`), stops the mmap threshold rising, so
+every chunk of 128 KiB or more is mapped and unmapped: the resident peak is then the live
+allocations' (it changes the step time, so no trial runs with it)."""
+
+
+def allocators_table(model: str, workers: int, layouts: list[str], steps: int) -> None:
+    """Print each layout's measured peak under each of ALLOCATORS and what the differences
+    attribute: the threads' arenas (glibc's default less one arena) and the main heap's
+    retained free chunks (one arena less trimmed), beside the model's peak (MiB)."""
+    from autotune.costmodel.estimate import estimate
+    from autotune.frameworks import framework_of
+    from autotune.layout import Layout
+
+    cfg = _config(model, workers)
+    print(f"{model}, {workers} gloo process(es), {steps} steps")
+    print("\n| layout | " + " | ".join(ALLOCATORS) + " | thread arenas | main heap retained | "
+          "predicted | error (one arena) | error (trimmed) |")
+    print("|---|" + "---:|" * (len(ALLOCATORS) + 5))
+    with tempfile.TemporaryDirectory() as scratch:
+        for number, text in enumerate(layouts):
+            layout = Layout.parse(text, cfg.world_size, cfg.train.global_batch_size,
+                                  framework_of(cfg))
+            peaks = {name: max(run_probe(cfg, layout, Path(scratch) / f"{number}-{index}",
+                                         steps, env)["peak"].values())
+                     for index, (name, env) in enumerate(ALLOCATORS.items())}
+            predicted = estimate(cfg, layout).peak_memory_bytes
+            cells = " | ".join(f"{peak / MIB:.0f}" for peak in peaks.values())
+            threads = peaks["glibc default"] - peaks["one arena"]
+            heap = peaks["one arena"] - peaks["trimmed"]
+            print(f"| {text} | {cells} | {threads / MIB:+.0f} | {heap / MIB:+.0f} | "
+                  f"{predicted / MIB:.0f} | {predicted / peaks['one arena'] - 1:+.1%} | "
+                  f"{predicted / peaks['trimmed'] - 1:+.1%} |", flush=True)
+    print("(MiB; the peak resident memory of the most loaded rank over the run)")
+
+
 # --- against: a validation run's trials predicted again ----------------------------------------
 
 
@@ -294,6 +355,11 @@ def main(argv: list[str] | None = None) -> int:
     phases.add_argument("--steps", type=int, default=3)
     phases.add_argument("--layouts", nargs="+", default=LAYOUTS)
     phases.add_argument("--gbs", type=int, help="global batch (default: the model's trials')")
+    glibc = commands.add_parser("allocators", help="the same trials under glibc settings")
+    glibc.add_argument("--model", default="tiny-gpt")
+    glibc.add_argument("--workers", type=int, default=2)
+    glibc.add_argument("--steps", type=int, default=5)
+    glibc.add_argument("--layouts", nargs="+", default=["zero=0,mbs=2", "zero=1,mbs=2"])
     run = commands.add_parser("against", help="a cpu_validation.py --out folder's trials")
     run.add_argument("out", type=Path)
     inner = commands.add_parser("probe", help="(inside a worker) one trial folder")
@@ -302,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "probe":
         probe(args.folder, args.steps)
+    elif args.command == "allocators":
+        allocators_table(args.model, args.workers, args.layouts, args.steps)
     elif args.command == "phases":
         phases_table(args.model, args.workers, args.layouts, args.steps, args.gbs)
     else:

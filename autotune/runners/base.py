@@ -94,6 +94,26 @@ class ProgramOptions(TrialOptions):
         return min(2, self.steps - 1)
 
 
+CPU_ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1"}
+"""Environment defaults of trials on CPU workers: one glibc malloc arena per process. By
+default glibc gives each thread that allocates its own arena (up to 8 per core,
+`arena_get2` in glibc's `malloc/arena.c`), and torch's `ProcessGroupGloo` runs every
+collective on one of its worker threads (2 per process group), whose temporaries, such as
+the flat output of an all-gather (`AsyncAllgatherWork`, world × input), stay resident in that
+thread's arena once freed, below its trim threshold, and are never reused by the training
+thread. With one arena the next allocation of any thread reuses them, as one caching
+allocator serves a GPU's streams. This changes what a CPU trial measures, not the model
+(`benchmarks/cpu_memory.py allocators` prints the peaks both ways; docs/calibration.md). A
+value the user's environment sets wins."""
+
+
+def cpu_allocator_env(cfg: AutotuneConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """CPU_ALLOCATOR_ENV for a trial of `cfg` on CPU workers, less what `environ` sets."""
+    if not cfg.cluster.cpu_processes:
+        return {}
+    return {name: value for name, value in CPU_ALLOCATOR_ENV.items() if name not in environ}
+
+
 def run_guarded(runner: Runner, plan: TrialPlan) -> Measurement:
     """`runner.run(plan)`; a runner that raises makes a `crash` trial with the error instead."""
     try:

@@ -34,6 +34,7 @@ from autotune.runners.base import ProgramOptions
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.base import check_program
+from autotune.runners.base import cpu_allocator_env
 from autotune.runners.failures import classify
 from autotune.runners.process import ProcessOutcome
 from autotune.runners.process import package_root
@@ -182,6 +183,7 @@ class LocalRunner(Runner):
         extra = {
             "OMP_NUM_THREADS": str(threads),
             "PYTHONUNBUFFERED": "1",
+            **cpu_allocator_env(plan.cfg, os.environ),
             "TORCH_EXTENSIONS_DIR": os.environ.get(
                 "TORCH_EXTENSIONS_DIR",
                 str(Path.home() / ".cache" / "autotune" / "torch_extensions"),

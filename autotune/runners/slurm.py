@@ -50,6 +50,7 @@ from autotune.runners.base import ProgramOptions
 from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.runners.base import check_program
+from autotune.runners.base import cpu_allocator_env
 from autotune.runners.failures import classify
 from autotune.runners.process import package_root
 from autotune.runners.slurm_client import LIVE_STATES
@@ -109,7 +110,8 @@ def trial_sbatch_script(plan: TrialPlan, *, job_name: str, directives: Sequence[
     return render_template(
         "slurm/trial.sbatch.j2", job_name=job_name, nodes=-(-world // per_node),
         nproc_per_node=per_node, cpu_only=plan.cfg.cluster.cpu_processes,
-        directives=list(directives), number=plan.number, version=version(),
+        allocator_env=cpu_allocator_env(plan.cfg, {}), directives=list(directives),
+        number=plan.number, version=version(),
         layout_text=plan.layout.text, world_size=world,
         trial_dir=str(plan.directory.resolve()), port_base=PORT_BASE, port_span=PORT_SPAN,
         python=python, arg_lines=flag_lines(args), **program,

@@ -205,6 +205,36 @@ def process_status_bytes(field: str) -> int | None:
     return int(match.group(1)) * 1024 if match else None
 
 
+def malloc_arenas() -> list[tuple[int, int]]:
+    """Per glibc malloc arena of this process (the main one first, then one per thread that
+    allocated, up to `MALLOC_ARENA_MAX`): the bytes it holds from the system and, of them, its
+    free chunks (`malloc_info`'s `system current`, and `total rest` + `fast`); [] without
+    glibc. Source: glibc `malloc/malloc.c`, `__malloc_info`."""
+    import ctypes
+    import tempfile
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.fopen.restype = ctypes.c_void_p
+        libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.fclose.argtypes = [ctypes.c_void_p]
+    except (OSError, AttributeError):
+        return []
+    with tempfile.NamedTemporaryFile(suffix=".xml") as xml:
+        handle = libc.fopen(xml.name.encode(), b"w")
+        libc.malloc_info(0, handle)
+        libc.fclose(handle)
+        text = Path(xml.name).read_text()
+    heaps = []
+    for heap in re.findall(r'<heap nr="\d+">(.*?)</heap>', text, re.S):
+        free = sum(int(size) for size in re.findall(
+            r'<total type="(?:fast|rest)" count="\d+" size="(\d+)"/>', heap))
+        system = re.search(r'<system type="current" size="(\d+)"/>', heap)
+        heaps.append((int(system.group(1)) if system else 0, free))
+    return heaps
+
+
 class Reporter:
     """Writes records as JSON lines to stdout and the metrics file (rank 0 unless forced)."""
 

@@ -59,12 +59,14 @@ def test_script_is_sized_from_the_layout(tmp_path: Path, shellcheck: str) -> Non
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
     assert "#SBATCH --exclusive" in script and "--nproc_per_node 8" in script
     assert "#SBATCH --partition=gpu" in script and "#SBATCH --qos=high" in script
+    assert "MALLOC_ARENA_MAX" not in script
     _lint(shellcheck, script, tmp_path / "gpu.sbatch")
     cpu = tiny_config()
     plan = trial_plan(cpu, first_layout(cpu), tmp_path / "cpu")
     script = trial_sbatch_script(plan, job_name="j", directives=[], python="python", args=[])
     assert "#SBATCH --nodes=1" in script and "#SBATCH --cpus-per-task=2" in script
     assert "gpus" not in script and "--nproc_per_node 2" in script
+    assert 'export MALLOC_ARENA_MAX="${MALLOC_ARENA_MAX:-1}"' in script  # CPU_ALLOCATOR_ENV
     _lint(shellcheck, script, tmp_path / "cpu.sbatch")
     megatron = gpu.model_copy(update={"train": gpu.train.model_copy(
         update={"framework": "megatron"})})
