@@ -12,10 +12,17 @@ resident after it, beside the model's parts (`autotune.costmodel.memory`).
 
 `against DIR` reads a `benchmarks/cpu_validation.py --out DIR` run's trials (each trial's
 measured peak in its rows.json) and predicts each again with the current model and the
-run's own calibration file, then prints median and max |error| per ZeRO stage.
+run's own calibration file, then prints median and max |error| per ZeRO stage and per
+parallel family (dp, tp, pp, cp, ep).
+
+`allocators` runs the same trials under three glibc settings (its default, one malloc
+arena as the trials set on CPU workers, and a trim threshold of 0, under which the resident
+peak is the live allocations') and prints what the differences attribute: the threads'
+arenas and the main heap's retained free chunks.
 
     python benchmarks/cpu_memory.py phases [--workers 1] [--layouts zero=0,mbs=2 ...]
     python benchmarks/cpu_memory.py against cpu-validation
+    python benchmarks/cpu_memory.py allocators [--model tiny-gpt] [--layouts zero=1,mbs=2 ...]
 """
 
 from __future__ import annotations
@@ -304,8 +311,17 @@ def allocators_table(model: str, workers: int, layouts: list[str], steps: int) -
 # --- against: a validation run's trials predicted again ----------------------------------------
 
 
+def _family(layout: Any) -> str:
+    """The layout's parallel family: the first of tp, pp, cp, ep above 1, else dp."""
+    for name in ("tp", "pp", "cp", "ep"):
+        if getattr(layout, name) > 1:
+            return f"{name} {getattr(layout, name)}"
+    return f"dp {layout.dp}"
+
+
 def against(out: Path) -> None:
-    """Predict each trial of a cpu_validation.py run again; print errors per ZeRO stage."""
+    """Predict each trial of a cpu_validation.py run again; print errors per ZeRO stage and
+    per parallel family."""
     from autotune.calibration.file import apply_calibration
     from autotune.calibration.file import load_calibration
     from autotune.costmodel.estimate import estimate
@@ -333,12 +349,13 @@ def against(out: Path) -> None:
         stage = f"zero {layout.zero}" + (f", offload {layout.offload}"
                                          if layout.offload != "none" else "")
         by_stage.setdefault(stage, []).append(error)
+        by_stage.setdefault(_family(layout), []).append(error)
         by_stage.setdefault("all", []).append(error)
         print(f"| {model} | {row['layout']} | {row['peak'] / MIB:.0f} | "
               f"{float(row['predicted_peak']) / MIB:.0f} | {now / MIB:.0f} | {error:+.1%} |")
     print("\n| trials | count | median \\|error\\| | max \\|error\\| | median error |")
     print("|---|---:|---:|---:|---:|")
-    for stage in sorted(by_stage, key=lambda s: (s == "all", s)):
+    for stage in sorted(by_stage, key=lambda s: (s == "all", not s.startswith("zero"), s)):
         errors = by_stage[stage]
         absolute = [abs(e) for e in errors]
         print(f"| {stage} | {len(errors)} | {statistics.median(absolute):.1%} | "
