@@ -100,11 +100,11 @@ default glibc gives each thread that allocates its own arena (up to 8 per core,
 `arena_get2` in glibc's `malloc/arena.c`), and torch's `ProcessGroupGloo` runs every
 collective on one of its worker threads (2 per process group), whose temporaries, such as
 the flat output of an all-gather (`AsyncAllgatherWork`, world × input), stay resident in that
-thread's arena once freed, below its trim threshold, and are never reused by the training
-thread. With one arena the next allocation of any thread reuses them, as one caching
-allocator serves a GPU's streams. This changes what a CPU trial measures, not the model
-(`benchmarks/cpu_memory.py allocators` prints the peaks both ways; docs/calibration.md). A
-value the user's environment sets wins."""
+thread's arena once freed, below its trim threshold, where the training thread's allocations
+(from the main arena) do not reuse them. With one arena any thread's next allocation can, as
+one caching allocator serves all of a GPU's streams. This changes what a CPU trial measures,
+not the model (`benchmarks/cpu_memory.py allocators` prints the peaks both ways;
+docs/calibration.md). A value the user's environment sets wins."""
 
 
 def cpu_allocator_env(cfg: AutotuneConfig, environ: Mapping[str, str]) -> dict[str, str]:

@@ -223,6 +223,8 @@ def malloc_arenas() -> list[tuple[int, int]]:
         return []
     with tempfile.NamedTemporaryFile(suffix=".xml") as xml:
         handle = libc.fopen(xml.name.encode(), b"w")
+        if not handle:
+            return []
         libc.malloc_info(0, handle)
         libc.fclose(handle)
         text = Path(xml.name).read_text()
