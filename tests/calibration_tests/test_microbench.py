@@ -39,7 +39,7 @@ def _small_plan(**changes: object) -> dict[str, object]:
             "attention": [[1, 4, 128, 32]], "attention_dtype": "fp32",
             "elementwise_bytes": [1 << 20], "copy_bytes": [], "group_sizes": [2],
             "collective_ops": ["all_reduce", "all_to_all"], "message_bytes": [4096, 1 << 20],
-            "collective_repeats": 4, "budget_s": 0.01}
+            "collective_repeats": 4, "budget_s": 0.01, "busy_s": 0.001}
     return {**plan, **changes}
 
 
