@@ -77,17 +77,20 @@ class Worker:
 
 
 def timed(worker: Worker, fn: Callable[[], Any], budget_s: float, most: int = 50,
-          exactly: int | None = None) -> float:
+          exactly: int | None = None, before: Callable[[], Any] | None = None) -> float:
     """Median seconds of `fn` after one warm-up call, repeated until `budget_s` or `most`
-    (or `exactly` times: collectives, where every rank must make the same calls). A CPU worker
-    does not count the time it waited for a CPU that other processes held (`cpu_wait_s`): the
-    figures are the machine's, not its other tenants' (the trials are judged alike)."""
+    (or `exactly` times: collectives, where every rank must make the same calls); `before`
+    runs untimed ahead of each call. A CPU worker does not count the time it waited for a CPU
+    that other processes held (`cpu_wait_s`): the figures are the machine's, not its other
+    tenants' (the trials are judged alike)."""
     fn()
     worker.sync()
     times: list[float] = []
     spent = 0.0
     while (len(times) < exactly if exactly is not None
            else len(times) < 3 or (spent < budget_s and len(times) < most)):
+        if before is not None:
+            before()
         start, waited = time.perf_counter(), worker.waited()
         fn()
         worker.sync()
@@ -219,6 +222,24 @@ def _collective(op: str, buffer: torch.Tensor, n: int, group: Any) -> Callable[[
     return lambda: dist.all_to_all_single(received, buffer, group=group)
 
 
+def busy_work(worker: Worker, seconds: float) -> Callable[[], None]:
+    """A call that keeps this CPU worker's threads busy on GEMMs for about `seconds` (nothing
+    on GPUs or at 0 s): in training every collective and send follows compute on each rank,
+    and a gloo call that follows compute on every rank costs several times one issued from
+    idle ranks (benchmarks/gloo_calls.py), so the calibration times them so."""
+    if worker.cuda or seconds <= 0:
+        return lambda: None
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    one = timed(worker, lambda: torch.mm(a, b), 0.005)
+    repeats = max(1, round(seconds / max(one, 1e-6)))
+
+    def work() -> None:
+        for _ in range(repeats):
+            torch.mm(a, b)
+
+    return work
+
+
 def _slowest(worker: Worker, seconds: float) -> float:
     """The largest of every rank's time."""
     value = torch.tensor([seconds], dtype=torch.float64, device=worker.device)
@@ -228,7 +249,9 @@ def _slowest(worker: Worker, seconds: float) -> float:
 
 def collectives(worker: Worker, plan: dict[str, Any]) -> None:
     """Each op over each group of the first g ranks and each message size; rank 0 writes the
-    slowest rank's median time and the bus bandwidth."""
+    slowest rank's median time and the bus bandwidth. CPU workers compute before each call
+    (`busy_work`), as in training."""
+    before = busy_work(worker, float(plan.get("busy_s", 0.0)))
     for size in plan["group_sizes"]:
         members = list(range(size))
         group = dist.new_group(members)
@@ -240,7 +263,8 @@ def collectives(worker: Worker, plan: dict[str, Any]) -> None:
                     elements = max(size, nbytes // 4 // size * size)
                     buffer = torch.ones(elements, device=worker.device)
                     seconds = timed(worker, _collective(op, buffer, size, group),
-                                    plan["budget_s"], exactly=plan["collective_repeats"])
+                                    plan["budget_s"], exactly=plan["collective_repeats"],
+                                    before=before)
                 slowest = _slowest(worker, seconds)
                 if worker.rank == 0:
                     moved = BUS_FACTOR[op] * (size - 1) / size * nbytes
@@ -252,9 +276,11 @@ def collectives(worker: Worker, plan: dict[str, Any]) -> None:
 
 def links(worker: Worker, plan: dict[str, Any]) -> None:
     """Send/recv over every link of the ring r -> r+1, one link at a time; the receiver
-    writes its time (the send completes when the data has arrived)."""
+    writes its time (the send completes when the data has arrived). CPU workers compute
+    before each send or receive (`busy_work`), as the pipeline's stages do."""
     if worker.world < 2:
         return
+    before = busy_work(worker, float(plan.get("busy_s", 0.0)))
     for src in range(worker.world):
         dst = (src + 1) % worker.world
         for nbytes in plan["message_bytes"]:
@@ -268,6 +294,7 @@ def links(worker: Worker, plan: dict[str, Any]) -> None:
             move(buffer, peer)  # warm-up
             times = []
             for _ in range(repeats):
+                before()
                 start, waited = time.perf_counter(), worker.waited()
                 move(buffer, peer)
                 worker.sync()

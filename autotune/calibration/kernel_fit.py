@@ -16,7 +16,9 @@ functions, so a residual is the model's error on that kernel:
   dispatched op);
 - collectives and sends within a node: `nvlink_efficiency`, `latency_base_s`, `latency_intra_s`
   in `autotune.costmodel.collectives` (`collective_s`, `all_to_all_s`, `send_s`); across nodes
-  also `comm_efficiency`, `latency_inter_s`.
+  also `comm_efficiency`, `latency_inter_s`; for CPU workers also each op's bus bandwidth
+  relative to the all-reduce's (`all_gather_bandwidth`, `reduce_scatter_bandwidth`,
+  `all_to_all_bandwidth`: gloo's ops differ, NCCL's do not).
 
 On GPUs the datasheet figures (peak, HBM, NVLink, NIC) stay and the efficiencies are fitted
 against them. CPU workers have no datasheet: their figures become the measured ones (fastest
@@ -63,9 +65,17 @@ KERNEL_BOUNDS: dict[str, tuple[float, float]] = {
     "latency_base_s": (0.0, 0.1),
     "latency_intra_s": (0.0, 0.1),
     "latency_inter_s": (0.0, 0.1),
+    "all_gather_bandwidth": (0.05, 4.0),
+    "reduce_scatter_bandwidth": (0.05, 4.0),
+    "all_to_all_bandwidth": (0.05, 4.0),
 }
 """Ranges the microbenchmark fits may move a constant in: the fields' physical ranges (an
 efficiency in (0, 1]), wider than the GPU-plausible `FIT_BOUNDS` of the step-time fit."""
+OP_BANDWIDTH = {"all_gather_bandwidth": ("all_gather",),
+                "reduce_scatter_bandwidth": ("reduce_scatter",),
+                "all_to_all_bandwidth": ("all_to_all", "send_recv")}
+"""The per-op bus bandwidth constants (relative to the all-reduce's) and the ops that identify
+them, fitted for CPU workers (gloo) only."""
 
 
 def point_key(p: Point) -> tuple[Any, ...]:
@@ -238,6 +248,9 @@ def fit_kernels(cfg: AutotuneConfig, points: Sequence[Point], base: Constants
         across = cfg.cluster.nodes > 1
         names = ["nvlink_efficiency", "latency_base_s", "latency_intra_s"]
         names += ["comm_efficiency", "latency_inter_s"] if across else []
+        if cfg.cluster.cpu_processes:  # gloo's ops differ in bus bandwidth (NCCL's do not)
+            names += [name for name, ops in OP_BANDWIDTH.items()
+                      if any(p.op in ops and p.shape["bytes"] >= 1 << 20 for p in comm)]
         measured = np.array([p.seconds for p in comm])
         k, found, predicted = _fit(names, k, lambda c: comm_seconds(cfg, comm, c), measured)
         fitted.update(found)

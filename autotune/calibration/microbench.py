@@ -44,6 +44,12 @@ from autotune.specs import AutotuneConfig
 
 MESSAGE_BYTES = (4096, 65536, 1 << 20, 16 << 20)
 """Collective and send sizes (full buffer): latency-bound to bandwidth-bound."""
+MESSAGE_BYTES_CPU = (4096, 65536, 1 << 20, 16 << 20, 64 << 20)
+"""CPU workers' sizes: also above 32 MiB, where gloo's temporary buffers are mapped afresh
+(glibc's mmap threshold) and a small model's whole gradient is one DeepSpeed bucket."""
+BUSY_S = 0.003
+"""Seconds each CPU worker computes before every timed collective or send (a few ms, as
+between a layer's collectives in training; `bench_worker.busy_work`)."""
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 MOST_SHAPES = 16
 """GEMM shapes timed at most (spread over the candidates' sizes), beside the squares."""
@@ -126,8 +132,9 @@ def bench_plan(cfg: AutotuneConfig, layouts: LayoutTable, *, budget_s: float = 0
                    if m.hidden_size % (2 * m.num_attention_heads) == 0 else 1} if cpu else {}),
         "group_sizes": sizes,
         "collective_ops": list(COLLECTIVE_OPS),
-        "message_bytes": list(MESSAGE_BYTES),
-        "collective_repeats": 8 if cpu else 20,
+        "message_bytes": list(MESSAGE_BYTES_CPU if cpu else MESSAGE_BYTES),
+        "busy_s": BUSY_S if cpu else 0.0,
+        "collective_repeats": 16 if cpu else 20,
         "budget_s": budget_s,
     }
 

@@ -7,6 +7,8 @@ bandwidth per GPU is per_node · NIC (NVLink-bound inside a node). All-reduce mo
 bus-bandwidth convention). Latency: NCCL's own model (`src/graph/tuning.cc`): a ring pays one
 step latency per rank (NVLink steps and network steps apart), a tree (all-reduce only) one per
 level, log2(nodes) across nodes; all-reduce takes the faster of the two, as NCCL's tuner does.
+The other ops' bus bandwidth relative to the all-reduce's (`Constants.all_gather_bandwidth`
+and the like) is 1 for NCCL and what `autotune calibrate` measures for gloo.
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ def collective_s(
     ranks = np.asarray(ranks, dtype=float)
     local, nodes = nodes_spanned(ranks, per_node)
     moved = (2.0 if kind == "all_reduce" else 1.0) * (ranks - 1) / np.maximum(ranks, 1) * nbytes
-    transfer = moved / bus_bandwidth(ranks, per_node, cfg, k)
+    share = {"all_reduce": 1.0, "all_gather": k.all_gather_bandwidth,
+             "reduce_scatter": k.reduce_scatter_bandwidth}[kind]
+    transfer = moved / (bus_bandwidth(ranks, per_node, cfg, k) * share)
     time = ring_latency_s(kind, ranks, nodes, k) + transfer
     if kind == "all_reduce":
         time = np.minimum(time, tree_latency_s(ranks, nodes, k) + transfer / TREE_BANDWIDTH)
@@ -82,8 +86,9 @@ def exchange_s(network_bytes: np.ndarray, nvlink_bytes: np.ndarray, nodes: np.nd
     `nvlink_bytes` over NVLink at once (an all-to-all over `nodes` nodes, or DeepEP's dispatch):
     the slower of the two, plus one network (or NVLink) step of latency."""
     c = cfg.cluster
-    nvlink = nvlink_bytes / (c.intra_node_gb_s * 1e9 * k.nvlink_efficiency)
-    network = network_bytes / (c.inter_node_gb_s * 1e9 * k.comm_efficiency)
+    share = k.all_to_all_bandwidth
+    nvlink = nvlink_bytes / (c.intra_node_gb_s * 1e9 * k.nvlink_efficiency * share)
+    network = network_bytes / (c.inter_node_gb_s * 1e9 * k.comm_efficiency * share)
     latency = k.latency_base_s + np.where(nodes > 1, k.latency_inter_s, k.latency_intra_s)
     time: np.ndarray = latency + np.maximum(nvlink, network)
     return time
@@ -112,7 +117,7 @@ def send_s(
     c = cfg.cluster
     nvlink = c.intra_node_gb_s * 1e9 * k.nvlink_efficiency
     network = c.inter_node_gb_s * 1e9 * k.comm_efficiency
-    bandwidth = np.where(crosses_node, network, nvlink)
+    bandwidth = np.where(crosses_node, network, nvlink) * k.all_to_all_bandwidth
     latency = k.latency_base_s + np.where(crosses_node, k.latency_inter_s, k.latency_intra_s)
     return latency + nbytes / bandwidth
 

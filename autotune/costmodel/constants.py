@@ -111,6 +111,18 @@ class Constants(BaseModel):
     latency_inter_s: float = Field(default=1.4e-5, ge=0)
     """Latency of one ring or tree step across the network. Unit: s. Source: NCCL
     hwLatencies[NET][Ring][Simple] (14 µs). Not fitted."""
+    all_gather_bandwidth: float = Field(default=1.0, gt=0)
+    """Bus bandwidth of an all-gather relative to an all-reduce's (`collectives.collective_s`).
+    Unit: dimensionless. Source: nccl-tests (NCCL's ring ops reach one bus bandwidth: 1);
+    gloo on CPU workers: `autotune calibrate` fits it (its all-gather into one tensor copies
+    through a temporary tensor per rank). Not fitted by the step-time fit."""
+    reduce_scatter_bandwidth: float = Field(default=1.0, gt=0)
+    """`all_gather_bandwidth` of a reduce-scatter (gloo: a full-buffer reduction, then the
+    shards). Unit: dimensionless. Source: as `all_gather_bandwidth`."""
+    all_to_all_bandwidth: float = Field(default=1.0, gt=0)
+    """`all_gather_bandwidth` of an all-to-all's and a point-to-point send's bytes
+    (`collectives.exchange_s`, `send_s`). Unit: dimensionless. Source: as
+    `all_gather_bandwidth`."""
     overlap_fraction: float = _fitted(0.9, 0.5, 1.0, ge=0, le=1)
     """Fraction of the communication running under compute that costs nothing; the rest slows
     the compute it overlaps (NCCL kernels take SMs and HBM bandwidth). Unit: dimensionless.

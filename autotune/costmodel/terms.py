@@ -81,6 +81,9 @@ class FrameworkTerms(Protocol):
     """ZeRO-2 reduces gradients after every micro-batch, not once per step."""
     tp_splits_output_layer: ClassVar[bool]
     """Tensor parallelism splits the output layer (and its loss) over the vocabulary."""
+    moe_capacity_all_reduces: ClassVar[int]
+    """All-reduces over the ep group per MoE layer forward besides the dispatch (dropless
+    capacity agreement)."""
 
     def padded_vocab(self, vocab: int, tp: Any) -> Any: ...
 

@@ -135,6 +135,10 @@ class Framework(abc.ABC):
     """How cp exchanges data: a K/V ring overlapped with attention, or head all-to-alls."""
     zero2_reduces_every_microbatch: ClassVar[bool] = False
     """ZeRO-2 reduce-scatters gradients after every micro-batch, not once per step."""
+    moe_capacity_all_reduces: ClassVar[int] = 0
+    """All-reduces over the ep group per MoE layer forward besides the dispatch: DeepSpeed's
+    dropless gating agrees on the expert capacity (`sharded_moe.top2gating`: the largest
+    expert count, all-reduced with MAX over the ep group when drop_tokens is off)."""
     tp_async_backward: ClassVar[bool] = False
     """Tensor-parallel collectives of the backward run asynchronously under the GEMMs that do not
     need them (Megatron's LinearWithGradAccumulationAndAsyncCommunication)."""

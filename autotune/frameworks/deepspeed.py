@@ -250,6 +250,7 @@ class DeepSpeed(Framework):
     zero2_reduces_every_microbatch = True
     trains_on_cpu = True
     tp_splits_output_layer = False
+    moe_capacity_all_reduces = 1
     """AutoTP's presets (`module_inject/autotp_config.py`, e.g. `AutoTPPresets.llama`) split
     the attention and MLP projections only: the output layer, its loss and the embedding run
     whole on every tensor-parallel rank."""

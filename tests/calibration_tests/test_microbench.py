@@ -39,7 +39,7 @@ def _small_plan(**changes: object) -> dict[str, object]:
             "attention": [[1, 4, 128, 32]], "attention_dtype": "fp32",
             "elementwise_bytes": [1 << 20], "copy_bytes": [], "group_sizes": [2],
             "collective_ops": ["all_reduce", "all_to_all"], "message_bytes": [4096, 1 << 20],
-            "collective_repeats": 4, "budget_s": 0.01}
+            "collective_repeats": 4, "budget_s": 0.01, "busy_s": 0.001}
     return {**plan, **changes}
 
 
@@ -56,6 +56,10 @@ def test_plan_times_the_layouts_gemms(cpu_cfg) -> None:
     assert {(256, 512, 256), (512, 256, 256), (256, 8192, 256)} <= shapes
     assert plan["dtypes"] == ["fp32"] and plan["copy_bytes"] == []  # no device copies on CPU
     assert [1, 8, 256, 32] in plan["attention"] and [2, 4, 256, 32] in plan["attention"]
+    # CPU workers: collectives past glibc's 32 MiB mmap threshold, each after compute
+    assert max(plan["message_bytes"]) > 32 << 20 and plan["busy_s"] > 0
+    gpu_plan = bench_plan(load_config("llama3-8b", "dgx-h100:1"), LAYOUTS)
+    assert gpu_plan["busy_s"] == 0
 
 
 def test_slow_worker_is_named(cpu_cfg, tmp_path: Path) -> None:
@@ -153,6 +157,38 @@ def test_fit_recovers_known_constants(cpu_cfg) -> None:
         assert fitted[name].value == pytest.approx(getattr(truth, name), rel=0.05), name
     assert fitted["gemm_efficiency"].median_residual < 0.03
     assert all(p.predicted_s is not None for p in predicted)
+
+
+def test_cpu_fit_recovers_each_ops_bandwidth(cpu_cfg) -> None:
+    """Oracle: gloo collectives generated from known constants (all-gather and reduce-scatter
+    at a third of the all-reduce's bus bandwidth, all-to-all and sends 1.4 times it, a ms of
+    latency) through `autotune.costmodel.collectives` with 2 % noise: the CPU fit gives each
+    op's bandwidth back within 5 %, and with them every op's time (one link figure cannot:
+    the same points fitted without the op figures miss by more than 30 %)."""
+    rng = np.random.default_rng(1)
+    truth = constants_for(cpu_cfg.cluster.gpu).model_copy(update={
+        "nvlink_efficiency": 0.5, "latency_base_s": 1e-3, "latency_intra_s": 5e-4,
+        "all_gather_bandwidth": 0.33, "reduce_scatter_bandwidth": 0.3,
+        "all_to_all_bandwidth": 1.4})
+    comm = [Point(kind="collective", op=op, shape={"bytes": size}, ranks=[0, 1], seconds=1.0,
+                  rate=1.0)
+            for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+            for size in (4096, 1 << 16, 1 << 20, 16 << 20, 64 << 20)]
+    comm += [Point(kind="send", op="send_recv", shape={"bytes": size}, ranks=[0, 1],
+                   seconds=1.0, rate=1.0) for size in (4096, 1 << 20, 64 << 20)]
+    times = comm_seconds(cpu_cfg, comm, truth) * (1 + rng.normal(0, 0.02, len(comm)))
+    points = [p.model_copy(update={"seconds": float(s)}) for p, s in zip(comm, times,
+                                                                           strict=True)]
+    base = constants_for(cpu_cfg.cluster.gpu)
+    fitted, predicted = fit_kernels(cpu_cfg, points, base)
+    for name in ("all_gather_bandwidth", "reduce_scatter_bandwidth", "all_to_all_bandwidth",
+                 "nvlink_efficiency"):
+        assert fitted[name].value == pytest.approx(getattr(truth, name), rel=0.05), name
+    assert fitted["nvlink_efficiency"].max_residual < 0.08
+    gpu_like = cpu_cfg.model_copy(update={"cluster": cpu_cfg.cluster.model_copy(
+        update={"cpu_processes": False})})
+    assert "all_gather_bandwidth" not in fit_kernels(gpu_like, points, base)[0]
+    assert fit_kernels(gpu_like, points, base)[0]["nvlink_efficiency"].max_residual > 0.3
 
 
 def test_eager_benchmark_dispatches_the_layer_ops(tmp_path: Path) -> None:
