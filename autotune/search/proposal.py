@@ -219,7 +219,7 @@ class Proposer:
         self.grid = grid_keys(feasible)
         self.x = features(feasible)
         values = evaluate(cfg, feasible, constants)
-        self.parts = MemoryParts.from_memory(values.memory, feasible.recompute)
+        self.parts = MemoryParts.from_memory(values.memory, feasible)
         self._fit_cache: tuple[int, Constants, np.ndarray] = (
             0, constants, term_seconds(values.time.parts)
         )
@@ -258,8 +258,7 @@ class Proposer:
         """The memory correction fitted to every trial that ran."""
         if outcomes:
             table = LayoutTable.from_layouts([o.layout for o in outcomes])
-            parts = MemoryParts.from_memory(evaluate(self.cfg, table, self.base).memory,
-                                           table.recompute)
+            parts = MemoryParts.from_memory(evaluate(self.cfg, table, self.base).memory, table)
         else:
             parts = self.parts.take(np.zeros(0, dtype=int))
         status = np.array([o.status for o in outcomes], dtype=object)
