@@ -2,31 +2,36 @@
 
 The analytic model splits a layout's memory into model states (weights, gradients, optimizer,
 communication buffers), activations (with the logits) and a runtime reserve. On a real cluster
-the activations differ by a factor that depends on the structure (recompute above all), and the
-reserve the allocator never shows (CUDA context, NCCL buffers, fragmentation) is larger or
-smaller than assumed. Two unknowns, learned from every trial that ran:
+the activations differ by a factor that depends on the structure (recompute above all), the
+states by one that depends on how they are sharded (ZeRO-3's gathered and prefetched
+parameters, the offload's staging buffers, the framework's gradient copies), and the reserve
+the allocator never shows (CUDA context, NCCL buffers, fragmentation) is larger or smaller
+than assumed. Two unknowns, learned from every trial that ran:
 
-- the need: peak = states + a_f · activations + c, a Bayesian linear fit to the measured peaks
-  of all `ok` trials (prior a = 1, c = 0) of a global activation factor, a correction per
-  recompute family (shrunk towards the global factor) and an offset c (what the runner's peak
-  counts beyond the allocator, e.g. a process's resident memory);
+- the need: peak = (1 + s_g) · states + a_f · activations + c, a Bayesian linear fit to the
+  measured peaks of all `ok` trials (prior s = 0, a = 1, c = 0) of a global activation factor
+  with a correction per recompute family, a global states correction with one per state
+  family (ZeRO 0-2, ZeRO-3, offload), each shrunk towards its global one, and an offset c
+  (what the runner's peak counts beyond the allocator, e.g. a process's resident memory);
 - the limit L, the largest need that fits: the model's (usable memory − runtime, plus c) with
   a prior σ of `PRIOR_LIMIT_SD_GIB`, since the runtime reserve and the allocator's
   fragmentation never show in a measured peak.
 
 Trials constrain both: a measured peak fitted (L above it); an `oom` trial needed more than L.
-The joint posterior of (a, c, L) given those censored observations is sampled (importance
-sampling from a widened Gaussian, then resampling; Gelbart, Snoek and Adams 2014, "Bayesian
-optimization with unknown constraints"): an OOM lowers L or raises its family's factor, in
-proportion to how well each explains it, so the neighbours that will run out too lose their
-probability of fitting. A new layout's need also misses by `ROW_SD` (structure the fit cannot
-see, e.g. fragmentation growing with the pipeline); how much is learned from the trials' own
-out-of-sample misses (`row_sd`: each measured peak against the need the trials before it
-predicted, shrunk towards `ROW_SD`), so where the memory model misses a structure by 15 % the
-layouts near the limit are charged that risk. `MemoryFit.p_fit` is the probability that
-a layout fits; the proposer charges it in the acquisition (an OOM is a trial spent) and
-proposes only layouts likely to fit. The implied runtime reserve (device memory − limit + c) is
-reported as the fitted offset.
+The joint posterior of the need's parameters and L given those censored observations is
+sampled (draws of the peaks' Gaussian posterior, each weighted with every limit on a grid by
+the censored trials, then resampled; Gelbart, Snoek and Adams 2014, "Bayesian optimization
+with unknown constraints"): an OOM lowers L or raises the factors of layouts like it, in
+proportion to how well each explains it, so an OOM in a ZeRO-3 layout costs ZeRO-3's
+neighbours more probability of fitting than other families'. A new layout's need also misses
+by `ROW_SD` (structure the fit cannot see, e.g. fragmentation growing with the pipeline); how
+much is learned from the trials' own out-of-sample misses (`row_sd`: each measured peak
+against the need the trials before it predicted, shrunk towards `ROW_SD`), so where the
+memory model misses a structure by 15 % the layouts near the limit are charged that risk.
+`MemoryFit.p_fit` is the probability that a layout fits; the proposer charges it in the
+acquisition (an OOM is a trial spent) and proposes only layouts likely enough to fit
+(`p_fit_needed`: more so after each OOM). The implied runtime reserve (device memory − limit +
+c) is reported as the fitted offset.
 """
 
 from __future__ import annotations
@@ -75,6 +80,10 @@ by a few GiB in both."""
 P_FIT = 0.5
 """Probability of fitting below which a layout is not proposed (the acquisition charges the
 rest)."""
+P_FIT_STEP = 0.15
+"""How much more likely to fit a proposal must be per OOM the study has seen (`p_fit_needed`)."""
+P_FIT_MAX = 0.95
+"""The most `p_fit_needed` asks."""
 GRID = 241
 """Points of the grid (±6 prior σ) the limit's posterior is held on."""
 ROW_SD_WEIGHT = 2.0
@@ -308,6 +317,14 @@ def fit_memory(
                                reserve_bytes=reserve, limit_sd_bytes=limit_sd * GIB,
                                limits_gib=grid, weights=weights, row_sd=row_sd,
                                draws=theta[pick // GRID], limit_draws_gib=grid[pick % GRID])
+
+
+def p_fit_needed(base: float, ooms: int) -> float:
+    """The probability of fitting a proposal needs after `ooms` OOM trials: each OOM shows the
+    memory model (and its σ) missing on this cluster, and the next layout at the edge is the
+    one the acquisition likes most (the fastest that may fit), so without a rising bar the
+    search walks down the edge an OOM at a time."""
+    return min(P_FIT_MAX, base + P_FIT_STEP * ooms)
 
 
 def row_sd(

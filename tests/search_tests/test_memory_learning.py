@@ -20,6 +20,7 @@ from autotune.search.memory_learning import ROW_SD
 from autotune.search.memory_learning import ROW_SD_WEIGHT
 from autotune.search.memory_learning import MemoryParts
 from autotune.search.memory_learning import fit_memory
+from autotune.search.memory_learning import p_fit_needed
 from autotune.search.memory_learning import row_sd
 from autotune.search.settings import TuneSettings
 from autotune.search.study import tune
@@ -124,6 +125,52 @@ def test_an_oom_below_a_measured_level_raises_its_familys_factor() -> None:
     assert fit.limit_bytes / GIB > 70
     p_oom, p_smaller, p_ran = fit.p_fit(parts([30, 30, 35], [20, 13, 30], [2, 2, 0]))
     assert p_oom < 0.6 and p_smaller > 0.9 and p_ran > 0.9
+
+
+def test_before_any_peak_the_states_are_uncertain_too() -> None:
+    """Oracle: worked by hand. Before any trial a layout of 60 GiB of model states and 5 of
+    activations needs 65 GiB, with a σ of sqrt(60² (0.10² + 0.10²) + 5² (0.15² + 0.15²) + 1²)
+    = 8.61 GiB (the states factor and its ZeRO family's, the activation factor and its
+    recompute family's, the offset); the limit is N(74.5, 4) GiB and the layout misses by 3 %
+    more (1.95 GiB), so it fits with probability Φ(9.5 / sqrt(8.61² + 4² + 1.95²)) = 0.84
+    (0.98 if the states were known exactly): below the warm start's 0.8 bar with a little
+    less margin."""
+    prior = fit_memory(CFG, K, parts([], [], []), np.zeros(0, dtype=object), np.zeros(0))
+    row = parts([60], [5], [0])
+    need, sd = prior.need(row)
+    assert need[0] / GIB == pytest.approx(65.0, abs=0.3)
+    assert sd[0] / GIB == pytest.approx(8.61, abs=0.5)
+    expected = norm.cdf(9.5 / np.sqrt(8.61**2 + 4.0**2 + (0.03 * 65) ** 2))
+    assert expected == pytest.approx(0.84, abs=0.005)
+    assert prior.p_fit(row)[0] == pytest.approx(expected, abs=0.04)
+
+
+def test_an_oom_raises_its_state_familys_need_more_than_the_others() -> None:
+    """Oracle: a property of the joint posterior. Before any trial a ZeRO-3 layout and a
+    ZeRO-1 layout with the same parts are equally likely to fit (the families' priors are the
+    same); a ZeRO-3 layout that ran out of memory is explained by a lower limit (every
+    family's loss) or a larger ZeRO-3 states factor (ZeRO-3's loss alone), so afterwards the
+    ZeRO-3 layout is the less likely to fit, both are less likely than before, and the fitted
+    ZeRO-3 states factor is above the ZeRO 0-2 one."""
+    empty = fit_memory(CFG, K, parts([], [], []), np.zeros(0, dtype=object), np.zeros(0))
+    zero3, zero1 = (MemoryParts(np.array([55.0]) * GIB, np.array([5.0]) * GIB, np.array([0]),
+                                np.array([code])) for code in (1, 0))
+    assert empty.p_fit(zero3)[0] == pytest.approx(empty.p_fit(zero1)[0], abs=0.02)
+    oom = MemoryParts(np.array([62.0]) * GIB, np.array([6.0]) * GIB, np.array([0]),
+                      np.array([1]))
+    fit = fit_memory(CFG, K, oom, np.array(["oom"], dtype=object), np.array([np.nan]))
+    p3, p1 = fit.p_fit(zero3)[0], fit.p_fit(zero1)[0]
+    assert p3 < p1 - 0.05
+    assert p1 < empty.p_fit(zero1)[0]
+    assert fit.state_factors()[1] > fit.state_factors()[0] + 0.02
+
+
+def test_each_oom_raises_the_bar_a_proposal_must_clear() -> None:
+    """Oracle: worked by hand from the constants: 0.5 with no OOM, + 0.15 per OOM (0.65,
+    0.80), never above 0.95; the warm start's 0.8 rises the same way."""
+    assert [p_fit_needed(0.5, n) for n in range(5)] == pytest.approx([0.5, 0.65, 0.8, 0.95,
+                                                                     0.95])
+    assert p_fit_needed(0.8, 1) == pytest.approx(0.95)
 
 
 class _HiddenMemory(Runner):
