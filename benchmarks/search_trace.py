@@ -8,8 +8,10 @@ Runs `autotune.search.proposal.Proposer` (the proposer `autotune tune` uses, wit
 around it) against `benchmarks/alien_truth.py` with a scenario of `benchmarks/search.py` and
 prints, per trial: why it was chosen, the layout and the model's rank of it, predicted and
 measured tokens/s, its true throughput over the true best, its probability of fitting and
-memory need; then the refit after it: the fitted term scales, the discrepancy σ (the residuals'
-prior σ from the out-of-sample errors) and where the refitted belief ranks the true best.
+memory need (the model's corrected need on the measured scale, and the truth's device need:
+its allocator peak with fragmentation plus its runtime reserve); then the refit after it: the
+fitted term scales, the discrepancy σ (the residuals' prior σ from the out-of-sample errors)
+and where the refitted belief ranks the true best.
 """
 
 from __future__ import annotations
@@ -50,15 +52,18 @@ def main() -> None:
     truth = make_truth("alien", cfg, 1000 + args.seed, scenario.distortion)
     rates = np.where(truth.oom(feasible), 0.0, truth.tokens_per_s(feasible))
     best = int(np.argmax(rates))
+    true_need = (truth.peak_allocated_bytes(feasible) * (1 + truth.fragmentation(feasible))
+                 + truth.reserve_bytes(feasible))
     console = Console(width=200)
     console.print(f"{args.scenario}, hidden cluster {1000 + args.seed}: {len(feasible):,} "
                   f"feasible layouts; true best {feasible.row(best).text} at model rank "
-                  f"{best + 1}, {rates[best]:,.0f} tokens/s")
+                  f"{best + 1}, {rates[best]:,.0f} tokens/s; device "
+                  f"{cfg.cluster.gpu.memory_bytes / GIB:.1f} GiB")
     proposer = Proposer(cfg, feasible, k, seed=args.seed)
     outcomes: list[Outcome] = []
     table = Table()
     for column in ("#", "reason", "layout", "rank", "status", "predicted", "measured",
-                   "true/best", "P(fit)", "need GiB", "term scales off by 10 %+",
+                   "true/best", "P(fit)", "need GiB", "true need", "term scales off by 10 %+",
                    "discrepancy", "true best ranked"):
         table.add_column(column, justify="left" if column in ("reason", "layout") else "right",
                          overflow="fold")
@@ -81,7 +86,7 @@ def main() -> None:
             f"{proposal.predicted_tokens_per_s:,.0f}",
             f"{m.tokens_per_s:,.0f}" if m.tokens_per_s else "-",
             f"{rates[i] / rates[best]:.3f}", f"{p_fit:.2f}",
-            f"{proposal.need_bytes / GIB:.1f}", off or "-",
+            f"{proposal.need_bytes / GIB:.1f}", f"{true_need[i] / GIB:.1f}", off or "-",
             f"{amplitude(proposer.prequential(ok)):.2f}",
             f"{int((belief.mean > belief.mean[best]).sum()) + 1:,}",
         )

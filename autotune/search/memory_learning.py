@@ -2,31 +2,36 @@
 
 The analytic model splits a layout's memory into model states (weights, gradients, optimizer,
 communication buffers), activations (with the logits) and a runtime reserve. On a real cluster
-the activations differ by a factor that depends on the structure (recompute above all), and the
-reserve the allocator never shows (CUDA context, NCCL buffers, fragmentation) is larger or
-smaller than assumed. Two unknowns, learned from every trial that ran:
+the activations differ by a factor that depends on the structure (recompute above all), the
+states by one that depends on how they are sharded (ZeRO-3's gathered and prefetched
+parameters, the offload's staging buffers, the framework's gradient copies), and the reserve
+the allocator never shows (CUDA context, NCCL buffers, fragmentation) is larger or smaller
+than assumed. Two unknowns, learned from every trial that ran:
 
-- the need: peak = states + a_f · activations + c, a Bayesian linear fit to the measured peaks
-  of all `ok` trials (prior a = 1, c = 0) of a global activation factor, a correction per
-  recompute family (shrunk towards the global factor) and an offset c (what the runner's peak
-  counts beyond the allocator, e.g. a process's resident memory);
+- the need: peak = (1 + s_g) · states + a_f · activations + c, a Bayesian linear fit to the
+  measured peaks of all `ok` trials (prior s = 0, a = 1, c = 0) of a global activation factor
+  with a correction per recompute family, a global states correction with one per state
+  family (ZeRO 0-2, ZeRO-3, offload), each shrunk towards its global one, and an offset c
+  (what the runner's peak counts beyond the allocator, e.g. a process's resident memory);
 - the limit L, the largest need that fits: the model's (usable memory − runtime, plus c) with
   a prior σ of `PRIOR_LIMIT_SD_GIB`, since the runtime reserve and the allocator's
   fragmentation never show in a measured peak.
 
 Trials constrain both: a measured peak fitted (L above it); an `oom` trial needed more than L.
-The joint posterior of (a, c, L) given those censored observations is sampled (importance
-sampling from a widened Gaussian, then resampling; Gelbart, Snoek and Adams 2014, "Bayesian
-optimization with unknown constraints"): an OOM lowers L or raises its family's factor, in
-proportion to how well each explains it, so the neighbours that will run out too lose their
-probability of fitting. A new layout's need also misses by `ROW_SD` (structure the fit cannot
-see, e.g. fragmentation growing with the pipeline); how much is learned from the trials' own
-out-of-sample misses (`row_sd`: each measured peak against the need the trials before it
-predicted, shrunk towards `ROW_SD`), so where the memory model misses a structure by 15 % the
-layouts near the limit are charged that risk. `MemoryFit.p_fit` is the probability that
-a layout fits; the proposer charges it in the acquisition (an OOM is a trial spent) and
-proposes only layouts likely to fit. The implied runtime reserve (device memory − limit + c) is
-reported as the fitted offset.
+The joint posterior of the need's parameters and L given those censored observations is
+sampled (draws of the peaks' Gaussian posterior, each weighted with every limit on a grid by
+the censored trials, then resampled; Gelbart, Snoek and Adams 2014, "Bayesian optimization
+with unknown constraints"): an OOM lowers L or raises the factors of layouts like it, in
+proportion to how well each explains it, so an OOM in a ZeRO-3 layout costs ZeRO-3's
+neighbours more probability of fitting than other families'. A new layout's need also misses
+by `ROW_SD` (structure the fit cannot see, e.g. fragmentation growing with the pipeline); how
+much is learned from the trials' own out-of-sample misses (`row_sd`: each measured peak
+against the need the trials before it predicted, shrunk towards `ROW_SD`), so where the
+memory model misses a structure by 15 % the layouts near the limit are charged that risk.
+`MemoryFit.p_fit` is the probability that a layout fits; the proposer charges it in the
+acquisition (an OOM is a trial spent) and proposes only layouts likely enough to fit
+(`p_fit_needed`: more so after each OOM). The implied runtime reserve (device memory − limit +
+c) is reported as the fitted offset.
 """
 
 from __future__ import annotations
@@ -40,15 +45,24 @@ from scipy.special import ndtr
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.memory import MemoryEstimate
 from autotune.costmodel.memory import usable_gpu_bytes
+from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
 from autotune.units import GIB
 
 FAMILIES = 3
 """Recompute modes (none, selective, full): each gets its own activation correction."""
+STATE_FAMILIES = 3
+"""Model-state families (ZeRO 0-2, ZeRO-3, any offload): each gets its own states
+correction (ZeRO-3's gathered and prefetched parameters, the offload's staging buffers)."""
 PRIOR_SCALE_SD = 0.15
 """Prior σ of the global activation factor (the model's activations within ±15 %)."""
 PRIOR_FAMILY_SD = 0.15
 """Prior σ of a recompute family's deviation from the global factor."""
+PRIOR_STATES_SD = 0.10
+"""Prior σ of the global model-states factor (buffers, gradient copies, the framework's
+accounting: the model's bytes per parameter within ±10 %)."""
+PRIOR_STATE_FAMILY_SD = 0.10
+"""Prior σ of a model-state family's deviation from the global states factor."""
 PRIOR_OFFSET_SD_GIB = 1.0
 """Prior σ of the offset between a measured peak and the allocator's bytes."""
 PEAK_NOISE = 0.02
@@ -66,40 +80,68 @@ by a few GiB in both."""
 P_FIT = 0.5
 """Probability of fitting below which a layout is not proposed (the acquisition charges the
 rest)."""
+P_FIT_STEP = 0.15
+"""How much more likely to fit a proposal must be per OOM the study has seen (`p_fit_needed`)."""
+P_FIT_MAX = 0.95
+"""The most `p_fit_needed` asks."""
 GRID = 241
 """Points of the grid (±6 prior σ) the limit's posterior is held on."""
 ROW_SD_WEIGHT = 2.0
 """Pseudo-misses of `ROW_SD` behind the learned relative σ of a layout's need (`row_sd`)."""
+SAMPLES = 512
+"""Draws of the need's parameters for the joint posterior with the limit."""
+DRAWS = 256
+"""(parameters, limit) pairs resampled from the joint posterior for `MemoryFit.p_fit`."""
 
 
 @dataclasses.dataclass(frozen=True)
 class MemoryParts:
-    """Model memory of layouts (bytes): states + buffers, activations + logits, the family."""
+    """Model memory of layouts (bytes): states + buffers, activations + logits, the recompute
+    family and the model-state family (`state_family`; none: all ZeRO 0-2)."""
 
     fixed: np.ndarray
     activation: np.ndarray
     family: np.ndarray
+    states: np.ndarray | None = None
 
     @classmethod
-    def from_memory(cls, memory: MemoryEstimate, recompute: np.ndarray) -> MemoryParts:
-        """From the memory estimate of a table with `recompute` codes."""
+    def from_memory(cls, memory: MemoryEstimate, table: LayoutTable) -> MemoryParts:
+        """From the memory estimate of `table`."""
         part = memory.parts
         fixed = part["weights"] + part["gradients"] + part["optimizer"] + part["buffers"]
         return cls(
             np.asarray(fixed, float),
             np.asarray(part["activations"] + part["logits"], float),
-            np.asarray(recompute, int),
+            np.asarray(table.recompute, int),
+            state_family(table),
         )
+
+    def state_codes(self) -> np.ndarray:
+        """Model-state family of each row (0 where none is given)."""
+        if self.states is None:
+            return np.zeros(len(self.fixed), dtype=int)
+        return self.states
 
     def take(self, index: np.ndarray) -> MemoryParts:
         """The rows selected by `index`."""
-        return MemoryParts(self.fixed[index], self.activation[index], self.family[index])
+        return MemoryParts(self.fixed[index], self.activation[index], self.family[index],
+                           self.state_codes()[index])
 
     def design(self) -> np.ndarray:
-        """Regressors in GiB: activation, activation per family, 1 (the offset)."""
-        a = self.activation / GIB
+        """Regressors in GiB: activation, activation per recompute family, states, states per
+        state family, 1 (the offset)."""
+        a, b = self.activation / GIB, self.fixed / GIB
         per_family = [a * (self.family == f) for f in range(FAMILIES)]
-        return np.column_stack([a, *per_family, np.ones_like(a)])
+        codes = self.state_codes()
+        per_state = [b * (codes == f) for f in range(STATE_FAMILIES)]
+        return np.column_stack([a, *per_family, b, *per_state, np.ones_like(a)])
+
+
+def state_family(table: LayoutTable) -> np.ndarray:
+    """0: ZeRO 0-2 with the states on the device, 1: ZeRO-3, 2: anything offloaded."""
+    codes: np.ndarray = np.where(np.asarray(table.offload) >= 1, 2,
+                                 np.where(np.asarray(table.zero) >= 3, 1, 0))
+    return codes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +149,8 @@ class MemoryFit:
     """The corrected memory model and the learned limit."""
 
     mean: np.ndarray
-    """Posterior mean: [global factor, family deviations..., offset GiB]."""
+    """Posterior mean: [global activation factor, recompute family deviations..., states
+    deviation, state family deviations..., offset GiB]."""
     cov: np.ndarray
     limit_bytes: float
     """Posterior mean of the limit (the largest need that fits, on the measured scale)."""
@@ -123,6 +166,10 @@ class MemoryFit:
     """Posterior probability of each grid point."""
     row_sd: float = ROW_SD
     """Relative σ a layout's need misses by (`ROW_SD`, or learned by `row_sd`)."""
+    draws: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0)))
+    """Joint posterior draws of the need's parameters (rows: `mean`'s order)."""
+    limit_draws_gib: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    """The limit (GiB) of each of `draws`."""
 
     def need(self, parts: MemoryParts) -> tuple[np.ndarray, np.ndarray]:
         """Predicted need (bytes, on the measured scale) and its predictive σ."""
@@ -132,14 +179,15 @@ class MemoryFit:
         return mean, sd
 
     def p_fit(self, parts: MemoryParts) -> np.ndarray:
-        """Probability that each layout fits: its need (the fit's σ and the `row_sd` it
-        misses by) below the limit, over the limit's posterior."""
-        need, sd = self.need(parts)
-        need_gib, sd_gib = need / GIB, np.hypot(sd / GIB, self.row_sd * need / GIB)
-        p: np.ndarray = np.zeros(len(need_gib))
-        for limit, weight in zip(self.limits_gib, self.weights, strict=True):
-            if weight > 1e-6:
-                p += weight * ndtr((limit - need_gib) / sd_gib)
+        """Probability that each layout fits: its need (each joint draw of the parameters and
+        the limit, and the `row_sd` it misses by) below the limit."""
+        x = parts.design()
+        p: np.ndarray = np.zeros(len(x))
+        for start in range(0, len(x), 2048):
+            rows = slice(start, start + 2048)
+            need = parts.fixed[rows, None] / GIB + x[rows] @ self.draws.T
+            sd = self.row_sd * np.maximum(need, 1e-3)
+            p[rows] = ndtr((self.limit_draws_gib[None, :] - need) / sd).mean(axis=1)
         return p
 
     def fits(self, parts: MemoryParts, p: float = P_FIT) -> np.ndarray:
@@ -151,11 +199,18 @@ class MemoryFit:
         """Activation factor of each recompute family (none, selective, full)."""
         return [float(self.mean[0] + self.mean[1 + f]) for f in range(FAMILIES)]
 
+    def state_factors(self) -> list[float]:
+        """Model-states factor of each state family (ZeRO 0-2, ZeRO-3, offload)."""
+        return [float(1 + self.mean[1 + FAMILIES] + self.mean[2 + FAMILIES + f])
+                for f in range(STATE_FAMILIES)]
+
     def describe(self) -> str:
         """One line for the log."""
         factors = ", ".join(f"{f:.2f}" for f in self.factors())
+        states = ", ".join(f"{f:.2f}" for f in self.state_factors())
         return (
-            f"activation factor (none, selective, full recompute) {factors}; limit "
+            f"activation factor (none, selective, full recompute) {factors}; states factor "
+            f"(ZeRO 0-2, ZeRO-3, offload) {states}; limit "
             f"{self.limit_bytes / GIB:.1f} ± {self.limit_sd_bytes / GIB:.1f} GiB, runtime "
             f"reserve {self.reserve_bytes / GIB:.1f} GiB ({self.measured} measured peaks, "
             f"{self.oom} OOM)"
@@ -165,6 +220,7 @@ class MemoryFit:
         """JSON form (a trial attribute)."""
         return {
             "activation_factors": [round(f, 4) for f in self.factors()],
+            "state_factors": [round(f, 4) for f in self.state_factors()],
             "offset_gib": round(float(self.mean[-1]), 4),
             "limit_gib": round(self.limit_bytes / GIB, 3),
             "limit_sd_gib": round(self.limit_sd_bytes / GIB, 3),
@@ -180,16 +236,19 @@ def fit_memory(
     status: np.ndarray,
     peak: np.ndarray,
     row_sd: float = ROW_SD,
+    joint: bool = True,
 ) -> MemoryFit:
     """Fit the correction to trials (`parts` of their layouts, `status`, measured `peak` or nan).
 
     `ok` trials with a peak enter the regression and say the limit is above their peak; `ok`
     trials without one say their need fitted; `oom` trials say theirs did not. `row_sd` is the
-    relative σ of a new layout's need (`row_sd`).
+    relative σ of a new layout's need (`row_sd`). `joint`: the OOMs weigh the parameters too
+    (the joint posterior `p_fit` draws from); without it only the measured peaks do.
     """
-    prior_mean = np.zeros(FAMILIES + 2)
+    prior_mean = np.zeros(FAMILIES + STATE_FAMILIES + 3)
     prior_mean[0] = 1.0
-    prior_sd = np.array([PRIOR_SCALE_SD, *[PRIOR_FAMILY_SD] * FAMILIES, PRIOR_OFFSET_SD_GIB])
+    prior_sd = np.array([PRIOR_SCALE_SD, *[PRIOR_FAMILY_SD] * FAMILIES, PRIOR_STATES_SD,
+                         *[PRIOR_STATE_FAMILY_SD] * STATE_FAMILIES, PRIOR_OFFSET_SD_GIB])
     precision = np.diag(1 / prior_sd**2)
     shift = precision @ prior_mean
     measured = (status == "ok") & np.isfinite(peak) & (peak > 0)
@@ -218,26 +277,54 @@ def fit_memory(
             mean[family] = max(mean[family], wanted - mean[0])
         fit = dataclasses.replace(fit, mean=mean)
     base = (usable_gpu_bytes(cfg, k) - k.runtime_memory_gib * GIB) / GIB + offset
-    need, sd = fit.need(parts)
-    # what a trial's own layout misses by is shared with its neighbours: the limit takes it
-    need_gib, sd_gib = need / GIB, np.hypot(sd / GIB, PEAK_NOISE * need / GIB)
     grid = base + PRIOR_LIMIT_SD_GIB * np.linspace(-6.0, 6.0, GRID)
     log_p = -0.5 * ((grid - base) / PRIOR_LIMIT_SD_GIB) ** 2
-    for i in np.flatnonzero(status == "oom"):
-        log_p += log_ndtr((need_gib[i] - grid) / sd_gib[i])
-    for i in np.flatnonzero((status == "ok") & ~measured):
-        log_p += log_ndtr((grid - need_gib[i]) / sd_gib[i])
     for i in np.flatnonzero(measured):
         level = peak[i] / GIB
         log_p += log_ndtr((grid - level) / (PEAK_NOISE * level))
-    weights = np.exp(log_p - log_p.max())
-    weights /= weights.sum()
+    # draws of the parameters (common random numbers: the same draws for every call), each
+    # weighted jointly with the limit by the censored trials (what a trial's own layout misses
+    # by is shared with its neighbours: the limit takes it)
+    epsilon = np.random.default_rng(0).standard_normal((SAMPLES, len(mean)))
+    theta = fit.mean + epsilon @ np.linalg.cholesky(cov).T
+    censored = np.flatnonzero(status == "oom"), np.flatnonzero((status == "ok") & ~measured)
+    log_w = np.broadcast_to(log_p, (SAMPLES, GRID)).copy()
+    if joint:
+        for sign, rows_i in zip((1.0, -1.0), censored, strict=True):
+            for i in rows_i:
+                row = parts.take(np.array([i]))
+                need_i = (row.fixed[0] / GIB + theta @ row.design()[0])[:, None]
+                log_w += log_ndtr(sign * (need_i - grid[None, :]) / (PEAK_NOISE * need_i))
+    else:
+        need_all, sd_all = fit.need(parts)
+        for sign, rows_i in zip((1.0, -1.0), censored, strict=True):
+            for i in rows_i:
+                n_i, s_i = need_all[i] / GIB, np.hypot(sd_all[i] / GIB, PEAK_NOISE * need_all[i]
+                                                       / GIB)
+                log_w += log_ndtr(sign * (n_i - grid) / s_i)
+    w = np.exp(log_w - log_w.max())
+    w /= w.sum()
+    weights = w.sum(axis=0)
     limit = float(weights @ grid)
     limit_sd = float(np.sqrt(weights @ (grid - limit) ** 2))
+    by_draw = w.sum(axis=1)
+    post_mean = by_draw @ theta
+    post_cov = ((theta - post_mean).T * by_draw) @ (theta - post_mean)
+    pick = np.random.default_rng(1).choice(w.size, size=DRAWS, p=w.ravel())
     reserve = cfg.cluster.gpu.memory_bytes - (limit - offset) * GIB
-    return dataclasses.replace(fit, limit_bytes=limit * GIB, reserve_bytes=reserve,
-                               limit_sd_bytes=limit_sd * GIB, limits_gib=grid,
-                               weights=weights, row_sd=row_sd)
+    return dataclasses.replace(fit, mean=post_mean if joint else fit.mean,
+                               cov=post_cov if joint else cov, limit_bytes=limit * GIB,
+                               reserve_bytes=reserve, limit_sd_bytes=limit_sd * GIB,
+                               limits_gib=grid, weights=weights, row_sd=row_sd,
+                               draws=theta[pick // GRID], limit_draws_gib=grid[pick % GRID])
+
+
+def p_fit_needed(base: float, ooms: int) -> float:
+    """The probability of fitting a proposal needs after `ooms` OOM trials: each OOM shows the
+    memory model (and its σ) missing on this cluster, and the next layout at the edge is the
+    one the acquisition likes most (the fastest that may fit), so without a rising bar the
+    search walks down the edge an OOM at a time."""
+    return min(P_FIT_MAX, base + P_FIT_STEP * ooms)
 
 
 def row_sd(
@@ -253,7 +340,8 @@ def row_sd(
     misses = []
     for j in np.flatnonzero((status == "ok") & np.isfinite(peak) & (peak > 0)):
         before = np.arange(j)
-        fit = fit_memory(cfg, k, parts.take(before), status[before], peak[before])
+        fit = fit_memory(cfg, k, parts.take(before), status[before], peak[before],
+                         joint=False)
         need, _ = fit.need(parts.take(np.array([j])))
         misses.append(float(np.log(peak[j] / need[0])))
     total = float(np.sum(np.square(misses))) + ROW_SD_WEIGHT * ROW_SD**2

@@ -2,7 +2,8 @@
 
 Every proposal is an untried row of the enumerated feasible table (so no rule-rejected point and
 no layout twice) that the memory model, corrected by the trials, finds at least `P_FIT` likely
-to fit (`P_FIT_WARM` in the warm start); every score is charged that probability (an OOM
+to fit (`P_FIT_WARM` in the warm start; more after each OOM, `p_fit_needed`); every score is
+charged that probability (an OOM
 measures nothing). What the
 trials say about speed (`Proposer.belief`): the physical constants refitted to them
 (`autotune.calibration.fit.fit_trials`), then one scale per term of the step time
@@ -54,11 +55,11 @@ from autotune.layout import DIMS
 from autotune.layout import GRID_DIMS
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
-from autotune.search.memory_learning import OOM_GAP
 from autotune.search.memory_learning import P_FIT
 from autotune.search.memory_learning import MemoryFit
 from autotune.search.memory_learning import MemoryParts
 from autotune.search.memory_learning import fit_memory
+from autotune.search.memory_learning import p_fit_needed
 from autotune.search.memory_learning import row_sd
 from autotune.search.surrogate import MIN_NOISE
 from autotune.search.surrogate import Residuals
@@ -219,7 +220,7 @@ class Proposer:
         self.grid = grid_keys(feasible)
         self.x = features(feasible)
         values = evaluate(cfg, feasible, constants)
-        self.parts = MemoryParts.from_memory(values.memory, feasible.recompute)
+        self.parts = MemoryParts.from_memory(values.memory, feasible)
         self._fit_cache: tuple[int, Constants, np.ndarray] = (
             0, constants, term_seconds(values.time.parts)
         )
@@ -258,8 +259,7 @@ class Proposer:
         """The memory correction fitted to every trial that ran."""
         if outcomes:
             table = LayoutTable.from_layouts([o.layout for o in outcomes])
-            parts = MemoryParts.from_memory(evaluate(self.cfg, table, self.base).memory,
-                                           table.recompute)
+            parts = MemoryParts.from_memory(evaluate(self.cfg, table, self.base).memory, table)
         else:
             parts = self.parts.take(np.zeros(0, dtype=int))
         status = np.array([o.status for o in outcomes], dtype=object)
@@ -365,7 +365,8 @@ class Proposer:
         repeats = [i for i in repeats if self.rows[i].id not in pending]
         memory, p_fit = self.memory_and_fit(outcomes)
         cautious = len(outcomes) + len(pending) < self.warm_start
-        allowed = open_rows & (p_fit >= (P_FIT_WARM if cautious else P_FIT))
+        ooms = sum(o.status == "oom" for o in outcomes)
+        allowed = open_rows & (p_fit >= p_fit_needed(P_FIT_WARM if cautious else P_FIT, ooms))
         if not allowed.any():  # nothing that likely: the likeliest to fit
             allowed = open_rows & (p_fit >= 0.5 * float(np.max(np.where(open_rows, p_fit, 0))))
             allowed &= p_fit > 0
@@ -383,7 +384,7 @@ class Proposer:
                 i = self.index.get(o.layout.id)
                 if o.status == "oom" and i is not None:
                     same = self.grid == self.grid[i]
-                    p_fit[same & (need >= need[i] * (1 - OOM_GAP))] = 0.0
+                    p_fit[same & (need >= need[i])] = 0.0
             self._memory_cache = (key, memory, p_fit)
         return self._memory_cache[1], self._memory_cache[2]
 
