@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Megatron-LM pretraining, rendered by autotune 0.1.0.
 # Model llama3-70b on dgx-a100:16 (128 GPUs = 16 x 8).
-# Layout: tp=4,pp=4,cp=2,vpp=5,zero=1,offload=none,mbs=1,recompute=none,sp=off
+# Layout: tp=4,pp=1,cp=2,vpp=1,zero=2,offload=none,mbs=1,recompute=none,sp=on
 #
 # A TRAINING RUN of the recipe below: 1168251 iterations = 4899999842304 tokens by default
 # (4194304 tokens per iteration), warm-up 2000 iterations, cosine decay.
@@ -24,6 +24,11 @@
 #   eval_interval = 2,000 (published recipe)
 #   eval_iters = 32 (published recipe)
 #   distributed_timeout_minutes = 60 (autotune default: Megatron's and DeepSpeed's 10 minutes are shorter than a large model's checkpoint load or a long-context step)
+#
+# Checkpoints: Megatron-FSDP writes --ckpt-format fsdp_dtensor (PyTorch DCP of DTensor shards).
+# The torch_dist checkpoints of non-FSDP layouts (zero 0/1) do not load here, nor these there:
+# Megatron-LM's tools/checkpoint/checkpoint_inspector.py convert-torch-dist-to-fsdp-dtensor
+# carries a torch_dist checkpoint over (see README.md).
 #
 # Run on every node (sbatch.sh does this through srun):
 #   MEGATRON_LM=<checkout> NNODES=<nodes> NODE_RANK=<this node> MASTER_ADDR=<node 0> bash pretrain_gpt.sh
@@ -60,17 +65,21 @@ if [[ ! -f "$MEGATRON_LM/pretrain_gpt.py" ]]; then
   exit 2
 fi
 
-# Tensor/context parallelism: Megatron requires one hardware work queue (pre-Blackwell GPUs).
-export CUDA_DEVICE_MAX_CONNECTIONS=1
+# Megatron-FSDP requires CUDA_DEVICE_MAX_CONNECTIONS unset or > 1.
+unset CUDA_DEVICE_MAX_CONNECTIONS
 # A hung collective fails the job after --distributed-timeout-minutes instead of blocking it.
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
 MEGATRON_ARGS=(
   --tensor-model-parallel-size 4
-  --pipeline-model-parallel-size 4
+  --pipeline-model-parallel-size 1
   --context-parallel-size 2
-  --num-layers-per-virtual-pipeline-stage 4
+  --sequence-parallel
+  --use-megatron-fsdp
+  --data-parallel-sharding-strategy optim_grads
+  --ckpt-format fsdp_dtensor
+  --no-gradient-accumulation-fusion
   --use-distributed-optimizer
   --overlap-grad-reduce
   --overlap-param-gather
