@@ -178,7 +178,8 @@ def _ep_layer_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> np.ndarray
     all-gathered over etp after the dispatch and reduce-scattered before the combine (and the
     reverse in the backward). Exposed unless `TrainSpec.moe_a2a_overlap` (`estimate_time`).
     Each forward also runs the framework's capacity all-reduces (`moe_capacity_all_reduces`,
-    one 8-byte count) over the ep group; fp32 training moves 4-byte activations.
+    one 8-byte count) over the ep group; fp32 training dispatches and gathers 4-byte
+    activations.
     """
     m, gpn = cfg.model, cfg.cluster.gpus_per_node
     passes = 4 + 2 * (t.recompute == 2)
@@ -188,10 +189,11 @@ def _ep_layer_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> np.ndarray
     tokens = copies / (m.moe_router_topk * t.etp)
     dedup = cfg.train.moe_token_dispatcher == "flex"
     network, nvlink = dispatch_bytes(m, tokens, ranks, local, dedup)
-    wide = element_bytes(cfg) / 2  # dispatch_bytes counts 16-bit activations
+    width = element_bytes(cfg)
+    wide = width / 2  # dispatch_bytes counts 16-bit activations
     dispatch = np.where(ranks > 1, exchange_s(wide * network, wide * nvlink, nodes, cfg, k), 0.0)
-    gather = collective_s("all_gather", 2 * m.hidden_size * copies, t.etp, np.full(len(t), gpn),
-                          cfg, k)
+    gather = collective_s("all_gather", width * m.hidden_size * copies, t.etp,
+                          np.full(len(t), gpn), cfg, k)
     forwards = 1 + (t.recompute == 2)
     capacity = forwards * terms_for(cfg).moe_capacity_all_reduces * collective_s(
         "all_reduce", np.full(len(t), 8.0), ranks, np.maximum(gpn // t.etp, 1), cfg, k)

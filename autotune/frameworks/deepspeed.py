@@ -249,8 +249,8 @@ class DeepSpeed(Framework):
     runs_train_script = True
     zero2_reduces_every_microbatch = True
     trains_on_cpu = True
-    tp_splits_output_layer = False
     moe_capacity_all_reduces = 1
+    tp_splits_output_layer = False
     """AutoTP's presets (`module_inject/autotp_config.py`, e.g. `AutoTPPresets.llama`) split
     the attention and MLP projections only: the output layer, its loss and the embedding run
     whole on every tensor-parallel rank."""
