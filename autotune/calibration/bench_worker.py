@@ -7,8 +7,9 @@ nodes)::
         python -m autotune.calibration.bench_worker --plan plan.json --out DIR
 
 The plan (JSON, `microbench.bench_plan`) lists GEMM shapes and dtypes, attention shapes,
-elementwise and copy sizes, collective message and group sizes. Every worker times its own
-kernels, all at once as in training; then the group runs each collective (the slowest rank's
+elementwise and copy sizes, the screening GEMM, collective message and group sizes. Every
+worker times its own kernels, all at once as in training; then every worker times the
+screening GEMM in rounds started together; then the group runs each collective (the slowest rank's
 time counts, as in nccl-tests) and every link of a ring sends alone. Each worker appends its
 points to `DIR/rank-<r>.jsonl` as it goes (a lost worker leaves what it measured) and ends with
 a `done` record. Under Slurm (`autotune.calibration.slurm_bench`) the rank comes from
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autotune.calibration.file import screening_rate
 from autotune.calibration.file import software_stack
 from autotune.units import GIB
 from autotune.workloads.instruments import cpu_wait_s
@@ -113,6 +115,36 @@ def gemms(worker: Worker, plan: dict[str, Any]) -> None:
             worker.write({"kind": "gemm", "op": "mm", "dtype": dtype,
                           "shape": {"m": m, "n": n, "k": k}, "seconds": seconds,
                           "rate": 2 * m * n * k / seconds})
+
+
+def screening(worker: Worker, plan: dict[str, Any]) -> None:
+    """The screening GEMM (n × n × n into a kept output: no page faults) in rounds that every
+    worker starts together (a barrier), as all devices compute at once in training; one point
+    with each round's rate (`Point.repeats`). Interference then slows some rounds of a worker,
+    a slow device all of them."""
+    spec = plan.get("screen")
+    if not spec:
+        return
+    n, calls = int(spec["n"]), int(spec["calls"])
+    dtype = DTYPES[spec["dtype"]]
+    a, b, c = (torch.randn(n, n, device=worker.device).to(dtype) for _ in range(3))
+    torch.mm(a, b, out=c)  # warm-up
+    worker.sync()
+    flops = 2.0 * n**3 * calls
+    rates = []
+    for _ in range(int(spec["rounds"])):
+        if dist.is_initialized():
+            dist.barrier()
+        start, waited = time.perf_counter(), worker.waited()
+        for _ in range(calls):
+            torch.mm(a, b, out=c)
+        worker.sync()
+        wall = time.perf_counter() - start
+        rates.append(flops / max(wall - (worker.waited() - waited), 1e-3 * wall))
+    rate, _ = screening_rate(rates)
+    worker.write({"kind": "screen", "op": "mm", "dtype": spec["dtype"],
+                  "shape": {"m": n, "n": n, "k": n}, "seconds": 2.0 * n**3 / rate,
+                  "rate": rate, "repeats": rates})
 
 
 def attention(worker: Worker, plan: dict[str, Any]) -> None:
@@ -334,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     if worker.world > 1:
         dist.init_process_group("nccl" if worker.cuda else "gloo",
                                 device_id=worker.device if worker.cuda else None)
+    screening(worker, plan)
+    if worker.world > 1:
         collectives(worker, plan)
         links(worker, plan)
         dist.destroy_process_group()

@@ -17,9 +17,12 @@ from __future__ import annotations
 import datetime
 import importlib.metadata
 import platform
+import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel
 from pydantic import Field
@@ -37,7 +40,7 @@ from autotune.specs.types import FROZEN
 FORMAT: Literal[1] = 1
 """Version of the file layout."""
 PointKind = Literal["gemm", "attention", "elementwise", "eager", "touch", "copy", "collective",
-                    "send", "step"]
+                    "send", "step", "screen"]
 
 
 class Software(BaseModel):
@@ -82,9 +85,9 @@ class Point(BaseModel):
     kind: PointKind
     """What was measured."""
     op: str
-    """The operation: mm, sdpa, add, layer_ops (eager), fill (touch), h2d, d2h, all_reduce,
-    all_gather,
-    reduce_scatter, all_to_all, send_recv, or a layout (train steps)."""
+    """The operation: mm (GEMMs, screening), sdpa, add, layer_ops (eager), fill (touch), h2d,
+    d2h, all_reduce, all_gather, reduce_scatter, all_to_all, send_recv, or a layout (train
+    steps)."""
     dtype: str = ""
     """Element type (bf16, fp16, fp8, fp32)."""
     shape: dict[str, int] = Field(default_factory=dict)
@@ -100,6 +103,9 @@ class Point(BaseModel):
     bytes/s (collectives, nccl-tests' convention), tokens/s (steps)."""
     predicted_s: float | None = None
     """The model's time with the fitted constants (its residual is predicted/seconds - 1)."""
+    repeats: list[float] | None = None
+    """Screening points: the rate of each round (all workers start a round together); `rate`
+    is the median of the faster half of them."""
 
 
 class FittedConstant(BaseModel):
@@ -137,8 +143,19 @@ class WorkerRate(BaseModel):
     """GEMM FLOP/s, or the link's bytes/s."""
     relative: float
     """Rate over the median of its peers."""
+    spread: float = Field(default=0.0, ge=0)
+    """Relative interquartile range of its repeats (screening rounds): its timing noise."""
     across_nodes: bool = False
     """A link between two nodes (its peers are the other links between nodes)."""
+
+
+def screening_rate(repeats: Sequence[float]) -> tuple[float, float]:
+    """A worker's rate (the median of the faster half of its repeats: interference only slows
+    a repeat down) and its spread (the repeats' interquartile range over their median)."""
+    ordered = sorted(repeats, reverse=True)
+    rate = statistics.median(ordered[: (len(ordered) + 1) // 2])
+    q25, q50, q75 = np.percentile(ordered, [25, 50, 75])
+    return rate, float((q75 - q25) / q50)
 
 
 class Screening(BaseModel):
@@ -148,8 +165,11 @@ class Screening(BaseModel):
 
     margin: float = Field(gt=0, lt=1)
     """Fraction below the median that marks a worker or link slow."""
+    noise: float = Field(default=0.0, ge=0)
+    """Fraction below its peers that the workers' timing noise alone can give (twice the
+    median of their `spread`s); a worker is named only further below than this and `margin`."""
     workers: list[WorkerRate] = Field(default_factory=list)
-    """GEMM rate of each worker at the largest benchmarked shape."""
+    """GEMM rate of each worker (the screening GEMM's rounds, `Point.repeats`)."""
     nodes: list[WorkerRate] = Field(default_factory=list)
     """Median worker GEMM rate of each node (several nodes only), against the other nodes."""
     links: list[WorkerRate] = Field(default_factory=list)
@@ -158,20 +178,23 @@ class Screening(BaseModel):
     def slow(self) -> list[str]:
         """One line per slow node, slow worker (on a node not named) or slow link."""
         lines = []
-        slow_nodes = {node.host for node in self.nodes if node.relative < 1 - self.margin}
+        bar = 1 - max(self.margin, self.noise)
+        slow_nodes = {node.host for node in self.nodes if node.relative < bar}
         for node in self.nodes:
-            if node.relative < 1 - self.margin:
+            if node.relative < bar:
                 lines.append(
                     f"node {node.host or '?'} (workers {_ranks(node.ranks)}): GEMM "
                     f"{node.rate / 1e12:.3g} TFLOP/s, {1 - node.relative:.0%} below the median "
                     "of the other nodes"
                 )
+        peers = "its peer" if len(self.workers) == 2 else "the median of its peers"
         for worker in self.workers:
-            if worker.relative < 1 - self.margin and worker.host not in slow_nodes:
+            if worker.relative < bar and worker.host not in slow_nodes:
                 lines.append(
                     f"worker {worker.ranks[0]} on {worker.host or '?'}: GEMM "
-                    f"{worker.rate / 1e12:.3g} TFLOP/s, {1 - worker.relative:.0%} below the "
-                    "median of its peers"
+                    f"{worker.rate / 1e12:.3g} TFLOP/s, {1 - worker.relative:.0%} below "
+                    f"{peers}" + (f" (its rounds vary by {worker.spread:.0%})"
+                                  if worker.spread >= 0.005 else "")
                 )
         for link in self.links:
             if link.relative < 1 - self.margin:
@@ -255,6 +278,9 @@ class Calibration(BaseModel):
         """Write as YAML (the folder is created)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         data = self.model_dump(mode="json", exclude={"gpu": {"constants", "calibration"}})
+        for point in data["points"]:  # only screening points have repeats
+            if point["repeats"] is None:
+                del point["repeats"]
         path.write_text(yaml.safe_dump(data, sort_keys=False, width=99))
 
 

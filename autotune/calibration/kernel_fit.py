@@ -41,6 +41,7 @@ from autotune.calibration.file import FittedConstant
 from autotune.calibration.file import Point
 from autotune.calibration.file import Screening
 from autotune.calibration.file import WorkerRate
+from autotune.calibration.file import screening_rate
 from autotune.costmodel.collectives import all_to_all_s
 from autotune.costmodel.collectives import collective_s
 from autotune.costmodel.collectives import send_s
@@ -287,26 +288,39 @@ def _relative(rates: dict[tuple[int, ...], float],
     return out
 
 
-def screen(points: Sequence[Point], hosts: dict[int, str],
-           margin: float = SCREEN_MARGIN) -> Screening:
-    """Per-worker GEMM rate (median of the three largest shapes every worker ran), per node
-    (the median of its workers), per-link send bandwidth at the largest message; each relative
-    to the median of its peers (a node: the other nodes; a link between nodes: the other links
-    between nodes)."""
+def worker_repeats(points: Sequence[Point]) -> dict[int, list[float]]:
+    """Each worker's GEMM rates to screen: the rounds of its screening GEMM; in a file without
+    screening points, its rates at the three largest shapes every worker ran."""
+    screens = [p for p in points if p.kind == "screen"]
+    if screens:
+        return {p.ranks[0]: list(p.repeats or [p.rate]) for p in screens}
     gemm: dict[int, dict[tuple[int, ...], float]] = defaultdict(dict)
     for p in points:
         if p.kind == "gemm":
             gemm[p.ranks[0]][tuple(sorted(p.shape.values()))] = p.rate
     common = set.intersection(*(set(g) for g in gemm.values())) if gemm else set()
+    top = sorted(common, key=lambda s: float(np.prod(s)))[-3:]
+    return {r: [g[s] for s in top] for r, g in gemm.items()} if top else {}
+
+
+def screen(points: Sequence[Point], hosts: dict[int, str],
+           margin: float = SCREEN_MARGIN) -> Screening:
+    """Per-worker GEMM rate (`worker_repeats`, `screening_rate`), per node (the median of its
+    workers), per-link send bandwidth at the largest message; each relative to the median of
+    its peers (a node: the other nodes; a link between nodes: the other links between nodes).
+    A worker below its peers by less than twice the workers' median spread is not named
+    (`Screening.noise`): two equal workers timed with 10 % noise differ by that much."""
+    repeats = worker_repeats(points)
     workers = []
-    if common:
-        # the median over the 3 largest shapes damps one unlucky timing
-        top = sorted(common, key=lambda s: float(np.prod(s)))[-3:]
-        rates: dict[tuple[int, ...], float] = {
-            (r,): statistics.median(g[s] for s in top) for r, g in gemm.items()}
-        workers = [WorkerRate(ranks=list(key), host=hosts.get(key[0], ""), rate=rate,
-                              relative=rel) for (key, rate), rel
-                   in zip(rates.items(), _relative(rates).values(), strict=True)]
+    noise = 0.0
+    if repeats:
+        figures: dict[tuple[int, ...], tuple[float, float]] = {
+            (r,): screening_rate(values) for r, values in sorted(repeats.items())}
+        rates: dict[tuple[int, ...], float] = {key: rate for key, (rate, _) in figures.items()}
+        noise = 2 * statistics.median(spread for _, spread in figures.values())
+        workers = [WorkerRate(ranks=list(key), host=hosts.get(key[0], ""), rate=rates[key],
+                              relative=rel, spread=figures[key][1])
+                   for key, rel in _relative(rates).items()]
     nodes = _nodes(workers)
     sends = [p for p in points if p.kind == "send"]
     links = []
@@ -320,7 +334,7 @@ def screen(points: Sequence[Point], hosts: dict[int, str],
         links = [WorkerRate(ranks=list(key), host=hosts.get(key[0], ""), rate=rate,
                             relative=rel, across_nodes=across(key)) for (key, rate), rel
                  in zip(rates.items(), _relative(rates, across).values(), strict=True)]
-    return Screening(margin=margin, workers=workers, nodes=nodes, links=links)
+    return Screening(margin=margin, noise=noise, workers=workers, nodes=nodes, links=links)
 
 
 def _nodes(workers: Sequence[WorkerRate]) -> list[WorkerRate]:

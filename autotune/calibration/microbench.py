@@ -56,6 +56,10 @@ MOST_SHAPES = 16
 SQUARES_CPU = (64, 128, 256, 512)
 SQUARES_GPU = (512, 1024, 2048, 4096, 8192)
 """Square GEMMs (n = m = k) for the size dependence (`gemm_half_size`) and screening."""
+SCREEN_CPU = {"n": 512, "dtype": "fp32", "rounds": 9, "calls": 8}
+SCREEN_GPU = {"n": 8192, "dtype": "bf16", "rounds": 9, "calls": 20}
+"""The screening GEMM (`bench_worker.screening`): n³ into a kept output, `calls` per round
+(about 25 ms on a CPU core here, 30 ms on an H100), `rounds` rounds started together."""
 EAGER_TOKENS = (32, 128, 512, 2048)
 """Token counts of the eager elementwise benchmark (CPU workers): the small ones pin the
 per-op cost, the large ones the bandwidth."""
@@ -130,6 +134,7 @@ def bench_plan(cfg: AutotuneConfig, layouts: LayoutTable, *, budget_s: float = 0
         "eager": ({"hidden": m.hidden_size, "tokens": list(EAGER_TOKENS),
                    "heads": m.num_attention_heads
                    if m.hidden_size % (2 * m.num_attention_heads) == 0 else 1} if cpu else {}),
+        "screen": dict(SCREEN_CPU if cpu else SCREEN_GPU),
         "group_sizes": sizes,
         "collective_ops": list(COLLECTIVE_OPS),
         "message_bytes": list(MESSAGE_BYTES_CPU if cpu else MESSAGE_BYTES),

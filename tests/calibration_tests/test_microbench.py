@@ -1,8 +1,9 @@
 """Microbenchmarks: real worker processes on gloo, node screening, a lost worker, the fit.
 
 Oracles: real processes (two CPU workers timing torch kernels and gloo collectives), a worker
-slowed for real (MKL limited to SSE4.2, as on an older or misconfigured node), a worker killed
-with SIGKILL mid-run, and points generated from known constants for the fit.
+slowed for real (MKL limited to SSE4.2, as on an older or misconfigured node), two equal
+workers (the same code and threads on one host), a worker killed with SIGKILL mid-run, points
+generated from known constants for the fit, and screening rounds worked out by hand.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from autotune.calibration.calibrate import calibrate_cluster
 from autotune.calibration.file import Point
 from autotune.calibration.kernel_fit import comm_seconds
 from autotune.calibration.kernel_fit import fit_kernels
+from autotune.calibration.kernel_fit import screen
+from autotune.calibration.microbench import SCREEN_CPU
 from autotune.calibration.microbench import bench_plan
 from autotune.calibration.microbench import read_points
 from autotune.costmodel.constants import constants_for
@@ -39,7 +42,8 @@ def _small_plan(**changes: object) -> dict[str, object]:
             "attention": [[1, 4, 128, 32]], "attention_dtype": "fp32",
             "elementwise_bytes": [1 << 20], "copy_bytes": [], "group_sizes": [2],
             "collective_ops": ["all_reduce", "all_to_all"], "message_bytes": [4096, 1 << 20],
-            "collective_repeats": 4, "budget_s": 0.01, "busy_s": 0.001}
+            "collective_repeats": 4, "budget_s": 0.01, "busy_s": 0.001,
+            "screen": dict(SCREEN_CPU)}
     return {**plan, **changes}
 
 
@@ -78,6 +82,47 @@ def test_slow_worker_is_named(cpu_cfg, tmp_path: Path) -> None:
             ("collective", (0, 1)), ("send", (0, 1)), ("send", (1, 0))} <= kinds
     assert {"gemm_efficiency", "attention_efficiency", "nvlink_efficiency"} <= set(
         calibration.constants)
+
+
+def test_two_equal_workers_are_not_named_a_slowed_one_is(cpu_cfg, tmp_path: Path) -> None:
+    """Two workers of the same code and threads on this host, timing the screening GEMM only:
+    neither is named, and each is within the noise bar of the other (a false alarm here was
+    `27% below the median of its peers` with the three-shape rule). The same plan with worker 1
+    on SSE4.2 names worker 1, so the silence is the rule's, not a screening that never names."""
+    plan = _small_plan(gemms=[], attention=[], elementwise_bytes=[], group_sizes=[],
+                       message_bytes=[])
+    equal = calibrate_cluster(cpu_cfg, LAYOUTS, tmp_path / "equal", threads=1, plan=plan)
+    screening = equal.screening
+    assert [len(w.ranks) for w in screening.workers] == [1, 1]
+    assert all(len(p.repeats) == SCREEN_CPU["rounds"] for p in equal.points
+               if p.kind == "screen")
+    assert screening.slow() == [], screening
+    assert min(w.relative for w in screening.workers) >= 1 - max(screening.margin,
+                                                                 screening.noise)
+    slowed = calibrate_cluster(cpu_cfg, LAYOUTS, tmp_path / "slowed", threads=1, plan=plan,
+                               worker_env={1: {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}})
+    assert [line.split(":")[0] for line in slowed.screening.slow()] == ["worker 1 on "
+                                                                        + equal.devices[1].host]
+
+
+def _rounds(rank: int, rates: list[float]) -> Point:
+    return Point(kind="screen", op="mm", dtype="fp32", shape={"m": 8, "n": 8, "k": 8},
+                 ranks=[rank], seconds=1.0, rate=1.0, repeats=rates)
+
+
+def test_a_gap_within_the_workers_noise_is_not_named() -> None:
+    """By hand: rounds 90, 95, 100, 105, 110 give a rate of 105 (median of the faster three)
+    and a spread of (105 - 95) / 100 = 10 %; a peer at 0.75 times them is 25 % below, past the
+    margin (20 %) and the noise bar (2 × 10 %): named. Rounds 80-120 spread 20 %: the bar is
+    40 %, the same 25 % gap is noise."""
+    steady = [90e12, 95e12, 100e12, 105e12, 110e12]
+    named = screen([_rounds(0, steady), _rounds(1, [0.75 * r for r in steady])], {})
+    assert named.workers[0].rate == 105e12 and abs(named.workers[0].spread - 0.1) < 1e-12
+    assert named.slow() == ["worker 1 on ?: GEMM 78.8 TFLOP/s, 25% below its peer "
+                            "(its rounds vary by 10%)"]
+    noisy = [80.0, 90.0, 100.0, 110.0, 120.0]
+    quiet = screen([_rounds(0, noisy), _rounds(1, [0.75 * r for r in noisy])], {})
+    assert abs(quiet.noise - 0.4) < 1e-12 and quiet.slow() == []
 
 
 def test_lost_worker_is_named_and_its_points_kept(cpu_cfg, tmp_path: Path) -> None:
@@ -199,7 +244,7 @@ def test_eager_benchmark_dispatches_the_layer_ops(tmp_path: Path) -> None:
     78 h fp32 elements; the rotary tables and the norm's per-token statistics add a few %)."""
     hidden, tokens = 64, [32, 512]
     plan = _small_plan(gemms=[], attention=[], elementwise_bytes=[], group_sizes=[],
-                       eager={"hidden": hidden, "heads": 4, "tokens": tokens})
+                       eager={"hidden": hidden, "heads": 4, "tokens": tokens}, screen=None)
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "autotune.calibration.bench_worker", "--plan",
