@@ -1,5 +1,6 @@
 """What a trial measured (`Measurement`), the outcomes it can have, and the check that a
-measurement is one (a core value beside `Layout`: runners, trial programs and the search use it).
+measurement is one (a core value beside `Layout`: runners, trial programs and the search use it);
+`cpu_wait_s`, the time a CPU process waited for a CPU, which every CPU timing leaves out.
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from pathlib import Path
 from typing import Any
 
 
@@ -114,3 +116,15 @@ def validated(m: Measurement) -> Measurement:
     if dropped:
         fields["extra"] = {**m.extra, "dropped": dropped}
     return dataclasses.replace(m, **fields) if fields else m
+
+
+def cpu_wait_s() -> float:
+    """Seconds this thread has spent ready to run but waiting for a CPU (other processes held
+    them): the second field of Linux's ``/proc/thread-self/schedstat`` (``run_delay``, ns;
+    kernel `Documentation/scheduler/sched-stats.rst`); 0.0 where the kernel does not expose it.
+    On a shared machine it tells how much of a step was contention, not the layout."""
+    try:
+        fields = Path("/proc/thread-self/schedstat").read_text().split()
+        return int(fields[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0

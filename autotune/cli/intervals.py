@@ -23,6 +23,10 @@ def interval_line(cfg: AutotuneConfig, e: Estimate) -> str:
         return (f"{UNCALIBRATED} interval: the figures above use the constants calibration "
                 f"{gpu.calibration} fitted on this cluster, but no published runs of {gpu.name} "
                 f"with {stack} bound their error")
+    if band is None and cfg.cluster.cpu_processes:
+        return (f"{UNCALIBRATED}: no published runs calibrate {gpu.name} with {stack}; the "
+                "figures above use the cpu preset's constants (typical of one host's "
+                "calibrations): run autotune calibrate for this one")
     if band is None:
         return (f"{UNCALIBRATED}: no published runs calibrate {gpu.name} with {stack}; the "
                 "figures above are the model's defaults")

@@ -220,24 +220,32 @@ def _host_memory_gb() -> float:
 
 @cache
 def cpu_matmul_tflops() -> float:
-    """fp32 matrix-multiply throughput of one core, measured once (about 0.1 s)."""
+    """fp32 matrix-multiply throughput of one core: the fastest of 9 rounds of four 512³
+    GEMMs into a kept output, each net of the time the thread waited for a CPU that other
+    processes held (about 0.1 s). The calibration's peak is likewise its fastest GEMM
+    (`autotune.calibration.kernel_fit.measured_figures`); a single timed run read 0.03 on
+    this project's host at a load average of 10, and 0.089 this way."""
     import time
 
     import torch
 
+    from autotune.measurement import cpu_wait_s
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    n, calls, best = 512, 4, 0.0
     try:
-        a = torch.randn(512, 512)
-        torch.mm(a, a)
-        start = time.perf_counter()
-        repeats = 8
-        for _ in range(repeats):
-            torch.mm(a, a)
-        elapsed = time.perf_counter() - start
+        a, out = torch.randn(n, n), torch.empty(n, n)
+        torch.mm(a, a, out=out)
+        for _ in range(9):
+            start, waited = time.perf_counter(), cpu_wait_s()
+            for _ in range(calls):
+                torch.mm(a, a, out=out)
+            wall = time.perf_counter() - start
+            best = max(best, 2 * n**3 * calls / max(wall - (cpu_wait_s() - waited), 1e-3 * wall))
     finally:
         torch.set_num_threads(threads)
-    return 2 * 512**3 * repeats / elapsed / 1e12
+    return best / 1e12
 
 
 GPU_FAMILIES = {"a100-sxm-80gb": "a100", "h100-sxm-80gb": "h100", "h200-sxm-141gb": "h200"}
@@ -317,6 +325,15 @@ def _cuda_devices() -> tuple[int, Any]:
     return torch.cuda.device_count(), torch.cuda.get_device_properties(0)
 
 
+CPU_MEMORY_TB_S = 0.025
+"""A CPU worker's elementwise bandwidth without a calibration, TB/s: the median (range
+0.016-0.028) of what ten `calibrate -c local` runs measured on this project's host (1 thread
+per worker; the `cpu` constants in constants.yaml are relative to it)."""
+CPU_LINK_GB_S = 1.9
+"""The gloo link between CPU workers without a calibration, GB/s: the median (range 1.3-2.5)
+of the fastest collective bus bandwidth those calibrations measured."""
+
+
 def local_cluster(processes: int | None = None) -> ClusterSpec:
     """This machine: its CUDA GPUs, or CPU worker processes on gloo when there are none.
 
@@ -342,14 +359,14 @@ def local_cluster(processes: int | None = None) -> ClusterSpec:
         name="cpu",
         memory_gb=host_gb * 1e9 / GIB / count,
         peak_tflops={"fp32": per_process_tflops, "bf16": per_process_tflops / 6},
-        hbm_tb_s=0.01,
+        hbm_tb_s=CPU_MEMORY_TB_S,
     )
     return ClusterSpec(
         name="local",
         nodes=1,
         gpus_per_node=count,
         gpu=gpu,
-        intra_node_gb_s=2.0,
+        intra_node_gb_s=CPU_LINK_GB_S,
         inter_node_gb_s=1.0,
         host_memory_gb=host_gb,
         pcie_gb_s=10.0,

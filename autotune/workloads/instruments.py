@@ -22,10 +22,10 @@ import os
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from autotune.exceptions import AutotuneError
+from autotune.measurement import cpu_wait_s as cpu_wait_s  # owned there; the trials' name for it
 
 FAULTS_ENV = "AUTOTUNE_WORKLOAD_FAULTS"
 """Comma-separated test-only faults the workload injects into its own run."""
@@ -47,18 +47,6 @@ COLLECTIVES = ("all_reduce", "inference_all_reduce", "all_gather_into_tensor", "
                "isend", "irecv")
 """`deepspeed.comm` functions whose calls are timed."""
 _POINT_TO_POINT = {"send", "recv", "isend", "irecv"}
-
-
-def cpu_wait_s() -> float:
-    """Seconds this thread has spent ready to run but waiting for a CPU (other processes held
-    them): the second field of Linux's ``/proc/thread-self/schedstat`` (``run_delay``, ns;
-    kernel `Documentation/scheduler/sched-stats.rst`); 0.0 where the kernel does not expose it.
-    On a shared machine it tells how much of a step was contention, not the layout."""
-    try:
-        fields = Path("/proc/thread-self/schedstat").read_text().split()
-        return int(fields[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def faults() -> frozenset[str]:

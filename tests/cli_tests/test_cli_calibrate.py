@@ -90,7 +90,7 @@ def test_runner_choices_are_refused_in_one_line(tmp_path: Path) -> None:
 def test_a_calibrated_cpu_estimate_names_its_calibration_not_the_defaults(tmp_path: Path) -> None:
     """No published run covers the CPU "GPU": with --calibration the interval line still
     carries the uncalibrated mark (no measured error bound) but names the file whose constants
-    the figures use, instead of calling them the model's defaults (the line without it)."""
+    the figures use, instead of the cpu preset's constants (the line without it)."""
     runs = tmp_path / "runs.csv"
     runs.write_text("layout,step_time_s\n" + "\n".join(
         f"\"{layout}\",{step}" for layout, step in [
@@ -102,7 +102,8 @@ def test_a_calibrated_cpu_estimate_names_its_calibration_not_the_defaults(tmp_pa
     args = ("estimate", "-m", "tiny-gpt", "-c", "local", "-l", "tp=1,mbs=1")
     plain, calibrated = cli(*args), cli(*args, "--calibration", out)
     assert calibrated.code == 0, calibrated.err
-    assert "model's defaults" in " ".join(plain.out.split())
+    assert "uncalibrated: no published runs" in " ".join(plain.out.split())
+    assert "cpu preset's constants" in " ".join(plain.out.split())
     line = " ".join(calibrated.out.split())
     assert "uncalibrated interval" in line and out.name in line
-    assert "model's defaults" not in line
+    assert "cpu preset's constants" not in line
