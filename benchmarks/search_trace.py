@@ -63,7 +63,8 @@ def main() -> None:
     outcomes: list[Outcome] = []
     table = Table()
     for column in ("#", "reason", "layout", "rank", "status", "predicted", "measured",
-                   "true/best", "P(fit)", "need GiB", "true need", "term scales off by 10 %+",
+                   "true/best", "P(fit)", "need GiB", "true need", "best P(fit) / bar",
+                   "term scales off by 10 %+",
                    "discrepancy", "true best ranked"):
         table.add_column(column, justify="left" if column in ("reason", "layout") else "right",
                          overflow="fold")
@@ -73,7 +74,9 @@ def main() -> None:
             break
         layout = proposal.layout
         i = proposer.index[layout.id]
-        p_fit = float(proposer.memory_and_fit(outcomes)[1][i])
+        p_fits = proposer.memory_and_fit(outcomes)[1]
+        p_fit = float(p_fits[i])
+        best_fit = f"{p_fits[best]:.2f} / {proposer.bar(outcomes)[best]:.2f}"
         m = truth.measure(layout)
         outcomes.append(Outcome(layout, m.status, m.step_time_s, m.peak_memory_bytes,
                                 m.step_time_spread))
@@ -86,7 +89,7 @@ def main() -> None:
             f"{proposal.predicted_tokens_per_s:,.0f}",
             f"{m.tokens_per_s:,.0f}" if m.tokens_per_s else "-",
             f"{rates[i] / rates[best]:.3f}", f"{p_fit:.2f}",
-            f"{proposal.need_bytes / GIB:.1f}", f"{true_need[i] / GIB:.1f}", off or "-",
+            f"{proposal.need_bytes / GIB:.1f}", f"{true_need[i] / GIB:.1f}", best_fit, off or "-",
             f"{amplitude(proposer.prequential(ok)):.2f}",
             f"{int((belief.mean > belief.mean[best]).sum()) + 1:,}",
         )

@@ -28,7 +28,8 @@ by `ROW_SD` (structure the fit cannot see, e.g. fragmentation growing with the p
 much is learned from the trials' own out-of-sample misses (`row_sd`: each measured peak
 against the need the trials before it predicted, shrunk towards `ROW_SD`), so where the
 memory model misses a structure by 15 % the layouts near the limit are charged that risk.
-`MemoryFit.p_fit` is the probability that a layout fits; the proposer charges it in the
+`MemoryFit.p_fit` is the probability that a layout fits (`p_fit_beside_oom` beside an OOM of
+its grid, whose miss it shares); the proposer charges it in the
 acquisition (an OOM is a trial spent) and proposes only layouts likely enough to fit
 (`p_fit_needed`: more so after each OOM). The implied runtime reserve (device memory − limit +
 c) is reported as the fitted offset.
@@ -188,6 +189,22 @@ class MemoryFit:
             need = parts.fixed[rows, None] / GIB + x[rows] @ self.draws.T
             sd = self.row_sd * np.maximum(need, 1e-3)
             p[rows] = ndtr((self.limit_draws_gib[None, :] - need) / sd).mean(axis=1)
+        return p
+
+    def p_fit_beside_oom(self, parts: MemoryParts, oom: MemoryParts) -> np.ndarray:
+        """Probability that each layout fits given that `oom` (one layout of the same grid,
+        the same shard of states and buffers) ran out of memory: the row's miss is shared
+        with its neighbour (r: one draw of N(0, `row_sd`) for both), so a layout needing
+        as much or more runs out too (p 0) and one needing a little less fits only where the
+        shared miss falls between the two, P(L/n_oom − 1 < r < L/n − 1) / P(r > L/n_oom − 1),
+        averaged over the joint draws of the parameters and the limit."""
+        x = parts.design()
+        need = parts.fixed[:, None] / GIB + x @ self.draws.T
+        n_oom = oom.fixed[0] / GIB + oom.design()[0] @ self.draws.T
+        low = (self.limit_draws_gib / n_oom - 1) / self.row_sd
+        high = (self.limit_draws_gib[None, :] / np.maximum(need, 1e-3) - 1) / self.row_sd
+        both = np.maximum(ndtr(high) - ndtr(low)[None, :], 0.0).mean(axis=1)
+        p: np.ndarray = np.clip(both / max(float((1 - ndtr(low)).mean()), 1e-12), 0.0, 1.0)
         return p
 
     def fits(self, parts: MemoryParts, p: float = P_FIT) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 Every proposal is an untried row of the enumerated feasible table (so no rule-rejected point and
 no layout twice) that the memory model, corrected by the trials, finds at least `P_FIT` likely
-to fit (`P_FIT_WARM` in the warm start; more after each OOM, `p_fit_needed`); every score is
+to fit (`P_FIT_WARM` in the warm start; more after each OOM, `p_fit_needed`;
+beside an OOM of its grid, `p_fit_beside_oom`); every score is
 charged that probability (an OOM
 measures nothing). What the
 trials say about speed (`Proposer.belief`): the physical constants refitted to them
@@ -364,13 +365,18 @@ class Proposer:
                 open_rows[self.index[layout_id]] = False
         repeats = [i for i in repeats if self.rows[i].id not in pending]
         memory, p_fit = self.memory_and_fit(outcomes)
-        cautious = len(outcomes) + len(pending) < self.warm_start
-        ooms = sum(o.status == "oom" for o in outcomes)
-        allowed = open_rows & (p_fit >= p_fit_needed(P_FIT_WARM if cautious else P_FIT, ooms))
+        allowed = open_rows & (p_fit >= self.bar(outcomes, pending))
         if not allowed.any():  # nothing that likely: the likeliest to fit
             allowed = open_rows & (p_fit >= 0.5 * float(np.max(np.where(open_rows, p_fit, 0))))
             allowed &= p_fit > 0
         return allowed, memory, repeats, p_fit
+
+    def bar(self, outcomes: Sequence[Outcome], pending: Sequence[str] = ()) -> float:
+        """The probability of fitting a row needs to be proposed (`p_fit_needed`:
+        `P_FIT_WARM` in the warm start, `P_FIT` after it, more per OOM)."""
+        cautious = len(outcomes) + len(pending) < self.warm_start
+        ooms = sum(o.status == "oom" for o in outcomes)
+        return p_fit_needed(P_FIT_WARM if cautious else P_FIT, ooms)
 
     def memory_and_fit(self, outcomes: Sequence[Outcome]) -> tuple[MemoryFit, np.ndarray]:
         """The memory fit and every feasible row's probability of fitting (cached per
@@ -379,12 +385,12 @@ class Proposer:
         if self._memory_cache[0] != key:
             memory = self.memory(outcomes)
             p_fit = memory.p_fit(self.parts)
-            need, _ = memory.need(self.parts)
-            for o in outcomes:  # the rows of an OOM's grid that need as much run out too
+            for o in outcomes:  # an OOM's grid shares its miss: P(fit | that OOM)
                 i = self.index.get(o.layout.id)
                 if o.status == "oom" and i is not None:
-                    same = self.grid == self.grid[i]
-                    p_fit[same & (need >= need[i])] = 0.0
+                    rows = np.flatnonzero(self.grid == self.grid[i])
+                    p_fit[rows] = np.minimum(p_fit[rows], memory.p_fit_beside_oom(
+                        self.parts.take(rows), self.parts.take(np.array([i]))))
             self._memory_cache = (key, memory, p_fit)
         return self._memory_cache[1], self._memory_cache[2]
 

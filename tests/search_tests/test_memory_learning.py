@@ -18,6 +18,7 @@ from autotune.runners.base import Runner
 from autotune.runners.base import TrialPlan
 from autotune.search.memory_learning import ROW_SD
 from autotune.search.memory_learning import ROW_SD_WEIGHT
+from autotune.search.memory_learning import MemoryFit
 from autotune.search.memory_learning import MemoryParts
 from autotune.search.memory_learning import fit_memory
 from autotune.search.memory_learning import p_fit_needed
@@ -171,6 +172,28 @@ def test_each_oom_raises_the_bar_a_proposal_must_clear() -> None:
     assert [p_fit_needed(0.5, n) for n in range(5)] == pytest.approx([0.5, 0.65, 0.8, 0.95,
                                                                      0.95])
     assert p_fit_needed(0.8, 1) == pytest.approx(0.95)
+
+
+def test_a_neighbour_of_an_oom_shares_its_miss() -> None:
+    """Oracle: worked by hand. One draw of the parameters (need = states + activations) and of
+    the limit (70 GiB), row σ 3 %: a layout of the OOM's grid needing 72 GiB ran out, so the
+    shared miss r is above 70/72 − 1; its neighbour needing 71 GiB fits only for r below
+    70/71 − 1: P = (Φ(−0.469) − Φ(−0.926)) / (1 − Φ(−0.926)) = 0.17, below its 0.32 without the
+    OOM; a neighbour needing 72.5 GiB cannot fit, one needing 60 GiB nearly surely does."""
+    theta = np.zeros(9)
+    theta[0] = 1.0
+    fit = MemoryFit(theta, np.eye(9), 70 * GIB, 10 * GIB, 0, 1, row_sd=0.03,
+                    draws=theta[None, :], limit_draws_gib=np.array([70.0]))
+    oom = parts([60], [12], [0])
+    rows = parts([60, 60, 50], [11, 12.5, 10], [0, 0, 0])
+    low, high = (70 / 72 - 1) / 0.03, (70 / 71 - 1) / 0.03
+    expected = (norm.cdf(high) - norm.cdf(low)) / norm.sf(low)
+    p = fit.p_fit_beside_oom(rows, oom)
+    assert p[0] == pytest.approx(expected, abs=1e-9)
+    assert p[0] == pytest.approx(0.17, abs=0.01)
+    assert fit.p_fit(rows)[0] == pytest.approx(norm.cdf(high), abs=1e-9)
+    assert p[1] == 0.0
+    assert p[2] > 0.99
 
 
 class _HiddenMemory(Runner):
