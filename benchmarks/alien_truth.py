@@ -18,6 +18,10 @@ forms, from the literature:
   Sanders, Speck and Träff 2009); reduce-scatter and all-gather are rings; bandwidth falls for
   small per-step chunks; across nodes a group's rings use the NIC of each of its GPUs in a node
   (one channel per rail). Bus bandwidth follows nccl-tests' definition (PERFORMANCE.md).
+- Experts: grouped GEMMs of the local experts on their routed tokens; the dispatch and combine
+  all-to-alls over ep, and with etp > 1 the routed tokens all-gathered over etp after the
+  dispatch and reduce-scattered before the combine (Megatron-core's alltoall token dispatcher),
+  which replace the dense MLP's tensor-parallel all-reduce in a MoE layer.
 - Pipeline: interleaved 1F1B takes (v·m + p − 1) chunk times (Narayanan et al. 2021, SC21,
   bubble (p−1)/(v·m)), each with its point-to-point sends, plus a synchronisation per chunk.
 - Data parallel: bucketed gradient reduction overlapped with the last backward up to a hidden
@@ -303,8 +307,9 @@ class AlienTruth:
         fwd = fwd + ew_bytes / hbm + 14 * hid.launch_s
         bwd = bwd + 2 * ew_bytes / hbm + 28 * hid.launch_s
         # tensor-parallel collectives (all-reduce, or all-gather + reduce-scatter with sp)
+        # attention's and the dense MLP's; a MoE layer's experts gather over etp instead (below)
         tp_one = self.allreduce_s(2 * tokens * h, tp, np.full(len(t), gpn))
-        fwd_comm, bwd_comm = 2 * tp_one, 2 * tp_one
+        fwd_comm = bwd_comm = (2 - share) * tp_one
         # context parallelism
         kv_bytes = 2 * 2 * tokens * g * d / np.minimum(tp, g)
         cross = tp * cp > gpn
@@ -327,7 +332,12 @@ class AlienTruth:
             ep_link = np.where(ep_cross, self.nic_bytes_s, c.intra_node_gb_s * 1e9 * hid.nvlink)
             alpha = np.where(ep_cross, hid.alpha_ib_s, hid.alpha_nvlink_s)
             one = a2a_bytes / ep_link + (t.ep - 1) * alpha
-            ep_comm = share * np.where(t.ep > 1, 2 * one, 0.0)
+            # expert tensor parallelism: the routed tokens are all-gathered over etp after the
+            # dispatch and reduce-scattered before the combine (Megatron's alltoall dispatcher),
+            # the reverse in the backward
+            gathered = 2 * tokens * self._routed(t) * tp * h
+            etp_one = self.ring_s(gathered, t.etp.astype(float), np.full(len(t), gpn), 1.0)
+            ep_comm = share * (np.where(t.ep > 1, 2 * one, 0.0) + 2 * etp_one)
         layer_fwd = fwd + fwd_comm + cp_fwd + ep_comm
         layer_bwd = bwd + bwd_comm + cp_bwd + ep_comm
         # recompute: full repeats the layer's forward, selective the attention core

@@ -37,7 +37,7 @@ memory-bound passes, collective bandwidth): each has fit bounds (`FIT_BOUNDS`)."
 ROBUST_SCALE = 0.1
 """Log-error scale of the robust (Cauchy) loss: a point off by more than about 10 % pulls the
 fit less and less (`fit_constants`)."""
-Loss = Literal["cauchy", "linear"]
+Loss = Literal["cauchy", "huber", "linear"]
 PRIOR_LOG_SD = 0.25
 """Prior σ of a constant refitted to a study's trials, in log space (a fit with few trials
 stays near the constants the study started from)."""
@@ -129,6 +129,7 @@ def fit_constants(
     prior_sd: float | Mapping[str, float] | None = None,
     step_sd: float = 1.0,
     loss: Loss = "cauchy",
+    robust_scale: float = ROBUST_SCALE,
     open_as_bound: bool = False,
 ) -> Constants:
     """The constants `names` that best explain the measured step times, starting from `base`.
@@ -140,7 +141,8 @@ def fit_constants(
     residual (log k − log k_base) / `prior_sd` per constant: a log-normal prior around `base`
     (maximum a posteriori). `loss` is scipy's: "cauchy" (the default, scale `ROBUST_SCALE`)
     bounds the pull of a point the model cannot express, so a few odd runs do not drag every
-    constant to a bound; "linear" is plain least squares (Gaussian errors).
+    constant to a bound; "huber" is quadratic within `robust_scale` and linear beyond (Huber
+    1964); "linear" is plain least squares (Gaussian errors).
 
     Args:
         points: Measured runs with their candidate layouts (the fastest candidate stands).
@@ -149,7 +151,8 @@ def fit_constants(
         prior_sd: Standard deviation of the log-normal prior around `base`, or None for none;
             a mapping gives each name its own (a name it lacks has no prior).
         step_sd: Standard deviation of the log step-time error (scales the data residuals).
-        loss: "cauchy" or "linear".
+        loss: "cauchy", "huber" or "linear".
+        robust_scale: Log error where a robust loss stops being quadratic.
         open_as_bound: A point with several candidate layouts (its source left a setting
             open) bounds the model from one side only: the fastest candidate may run faster
             than the run that happened (whose settings may have been slower), never slower.
@@ -183,7 +186,7 @@ def fit_constants(
         return np.concatenate([data, (x - start) / spread])
 
     result = least_squares(residuals, start, bounds=(low, high), x_scale="jac", loss=loss,
-                           f_scale=ROBUST_SCALE / step_sd if loss != "linear" else 1.0)
+                           f_scale=robust_scale / step_sd if loss != "linear" else 1.0)
     return constants(result.x)
 
 
@@ -194,16 +197,22 @@ def fit_trials(
     base: Constants,
     names: Sequence[str] = TRIAL_REFIT,
     step_sd: float = STEP_SD,
+    clip: float | None = None,
 ) -> Constants:
     """`fit_constants` as a study applies it to its own measured trials: `names` under the
     log-normal prior `PRIOR_LOG_SD` around `base`, Gaussian errors of σ `step_sd` (`STEP_SD`;
     the search adds the model's discrepancy, so that one trial's miss is not all blamed on the
-    constants). The search's proposer ranks with it after each trial, and the refit report
-    shows the same fit."""
+    constants); with `clip`, a residual beyond `clip` σ pulls no harder than one at `clip` σ
+    (Huber loss), so a layout the constants cannot express (ZeRO-3 gathers over half-rate
+    NICs, 6x slower) does not move every layout's constants by its whole miss. The search's
+    proposer ranks with it after each trial, and the refit report shows the same fit."""
     points = [Measured(f"trial {i}", cfg, (layout,), float(step), cfg.cluster.gpu.name)
               for i, (layout, step) in enumerate(zip(layouts, step_time_s, strict=True))]
+    if clip is None:
+        return fit_constants(points, base, names, prior_sd=PRIOR_LOG_SD, step_sd=step_sd,
+                             loss="linear")
     return fit_constants(points, base, names, prior_sd=PRIOR_LOG_SD, step_sd=step_sd,
-                         loss="linear")
+                         loss="huber", robust_scale=clip * step_sd)
 
 
 def at_bounds(k: Constants, names: Sequence[str]) -> list[tuple[str, str, float]]:

@@ -121,12 +121,14 @@ def fit_terms(
     *,
     prior_sd: float = TERM_PRIOR_SD,
     step_sd: float = STEP_SD,
+    clip: float | None = None,
 ) -> TermFit:
     """Maximum a posteriori term scales for trials with model term seconds `terms` (trials ×
     terms, from `term_seconds`), measured `step_s`, and optional measured `breakdown` seconds
     (from `breakdown_seconds`, nan where absent). Gaussian errors in log space; only the
-    `identifiable` scales are fitted (the others keep their prior); the covariance is the
-    inverse Gauss-Newton Hessian at the optimum."""
+    `identifiable` scales are fitted (the others keep their prior); with `clip`, a residual
+    beyond `clip` σ pulls no harder than one at `clip` σ (Huber loss, as `fit_trials`); the
+    covariance is the inverse Gauss-Newton Hessian at the optimum."""
     if not len(step_s):
         return prior_fit()
     measured = np.log(np.asarray(step_s, float))
@@ -153,7 +155,9 @@ def fit_terms(
 
     m = int(free.sum())
     fit = least_squares(residuals, np.zeros(m), bounds=(np.full(m, SCALE_BOUNDS[0]),
-                                                        np.full(m, SCALE_BOUNDS[1])))
+                                                        np.full(m, SCALE_BOUNDS[1])),
+                        loss="linear" if clip is None else "huber",
+                        f_scale=1.0 if clip is None else clip)
     jac = np.asarray(fit.jac, float)
     cov = np.eye(n) * prior_sd**2
     cov[np.ix_(free, free)] = np.linalg.inv(jac.T @ jac + 1e-12 * np.eye(m))

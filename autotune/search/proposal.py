@@ -62,6 +62,7 @@ from autotune.search.memory_learning import MemoryParts
 from autotune.search.memory_learning import fit_memory
 from autotune.search.memory_learning import p_fit_needed
 from autotune.search.memory_learning import row_sd
+from autotune.search.surrogate import CLIP
 from autotune.search.surrogate import MIN_NOISE
 from autotune.search.surrogate import Residuals
 from autotune.search.surrogate import amplitude
@@ -253,7 +254,7 @@ class Proposer:
         if key not in self._constants_cache:
             self._constants_cache[key] = fit_trials(
                 self.cfg, [o.layout for o in ok], [float(o.step_time_s or 0.0) for o in ok],
-                self.base, step_sd=step_sd)
+                self.base, step_sd=step_sd, clip=CLIP)
         return self._constants_cache[key]
 
     def memory(self, outcomes: Sequence[Outcome]) -> MemoryFit:
@@ -302,7 +303,7 @@ class Proposer:
             return prior_fit(), empty, extra_terms
         steps = np.array([o.step_time_s for o in ok], dtype=float)
         scales = fit_terms(trial_terms, steps, breakdown_seconds([o.breakdown for o in ok]),
-                           step_sd=discrepant_sd(errors))
+                           step_sd=discrepant_sd(errors), clip=CLIP)
         residual = np.log(steps / scales.step_s(trial_terms))
         spread = np.array([o.spread or 0.0 for o in ok])
         trial_table = LayoutTable.from_layouts([o.layout for o in ok])

@@ -115,12 +115,13 @@ def fit_residuals(x: np.ndarray, residual: np.ndarray, noise: np.ndarray,
                   sd: float | None = None) -> Residuals:
     """Fit to observed kernel inputs `x`, log residuals and relative measurement noise; `sd`
     is the prior σ (`amplitude`; None: from the residuals themselves). The process's level
-    is the `winsorized` residuals' mean shrunk towards 0 (one pseudo-residual of 0), so one
-    layout missed by 6x does not move every unmeasured layout."""
+    is the median of the residuals and one pseudo-residual of 0 (shrunk towards 0; Huber
+    1964: the median's breakdown point is one half), so one layout missed by 6x does not move
+    every unmeasured layout, while a level most trials agree on reaches the unmeasured ones."""
     n = len(residual)
     if not n:
         return Residuals(x, np.zeros(0), np.zeros((0, 0)), 0.0, PRIOR_SD if sd is None else sd)
-    mean = float(winsorized(residual).sum() / (n + 1))
+    mean = float(np.median(np.append(residual, 0.0)))
     if sd is None:
         sd = amplitude(residual - mean)
     noise = np.maximum(noise, MIN_NOISE)

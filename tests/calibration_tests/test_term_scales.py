@@ -103,3 +103,19 @@ def test_draws_follow_the_posterior() -> None:
     row = _terms([{"compute": 1.0, "pipeline": 0.3, "dp_comm": 0.5}])
     draws = fit.draws(row, 4000, np.random.default_rng(0))
     assert draws.std() == pytest.approx(fit.log_step_sd(row)[0], rel=0.1)
+
+
+def test_one_gross_miss_pulls_the_scales_as_far_as_the_clip() -> None:
+    """Oracle: worked by hand. Four trials: 1 s compute and 0, 0.1, 0.2, 0.3 s of pipeline,
+    the truth's pipeline 2x (measured 1.0, 1.2, 1.4, 1.6 s), and a fifth, 1 s of compute
+    alone, measured 6 s (a structure no term scale expresses), at a step σ of 0.1. Under
+    plain least squares its log miss of 1.79 (18 σ) drags the compute scale to about 1.7
+    and, to keep the four in place, the pipeline's below 1 (the wrong way); clipped at
+    2.5 σ (Huber) it pulls like a 2.5 σ residual: compute stays within 25 % of 1 and the
+    pipeline's scale above 1, as the four agreeing trials say."""
+    terms = _terms([{"compute": 1.0, "pipeline": p} for p in (0.0, 0.1, 0.2, 0.3, 0.0)])
+    measured = np.array([1.0, 1.2, 1.4, 1.6, 6.0])
+    plain = fit_terms(terms, measured, step_sd=0.1).scales()
+    clipped = fit_terms(terms, measured, step_sd=0.1, clip=2.5).scales()
+    assert plain["compute"] > 1.5 and plain["pipeline"] < 1.0
+    assert clipped["compute"] < 1.25 and clipped["pipeline"] > 1.0

@@ -272,3 +272,21 @@ def test_one_gross_miss_does_not_hold_the_discrepancy_wide() -> None:
     assert winsorized(errors)[-1] == pytest.approx(2.5 * 1.4826 * 0.075, rel=1e-6)
     assert amplitude(errors) == pytest.approx(0.1368, abs=5e-4)
     assert amplitude(np.array([2.0, 0.0])) == pytest.approx(np.sqrt((4.0 + 0.02) / 4))
+
+
+def test_the_residual_level_follows_the_trials_that_agree() -> None:
+    """Oracle: worked by hand. Four measured layouts far apart (no kernel overlap to speak
+    of) ran 0.3 faster in log than the refit predicts (residual -0.3) and a fifth 1.9 slower
+    (6.7x, ZeRO-3 gathers over half-rate NICs): the level an unmeasured layout inherits is
+    the median of the five residuals and one pseudo-residual of 0, -0.3, not the winsorized
+    mean (-0.3 · 4 + 1.9 clipped at 2.5 robust σ = 1.11) / 6 = -0.015, which left every
+    unmeasured family at the slow trial's level while the measured ones were lifted by
+    their own residuals. One residual alone is halved (median of it and the 0)."""
+    from autotune.search.surrogate import fit_residuals
+
+    x = np.diag(np.full(5, 50.0))
+    residual = np.array([-0.3, -0.3, -0.3, -0.3, 1.9])
+    process = fit_residuals(x, residual, np.zeros(5), 0.2)
+    far = np.full((1, 5), -50.0)
+    assert process.predict(far)[0][0] == pytest.approx(-0.3, abs=1e-9)
+    assert fit_residuals(x[:1], np.array([1.9]), np.zeros(1), 0.2).mean == pytest.approx(0.95)

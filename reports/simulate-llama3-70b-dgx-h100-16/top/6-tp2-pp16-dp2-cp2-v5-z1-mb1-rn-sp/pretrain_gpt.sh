@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Megatron-LM pretraining, rendered by autotune 0.1.0.
-# Model llama3-70b on dgx-a100:16 (128 GPUs = 16 x 8).
-# Layout: tp=8,pp=2,cp=1,vpp=16,zero=1,offload=none,mbs=2,recompute=none,sp=on
-# No split flag fits the layers to the pipeline: the layout lists each model chunk's layers, 40 (first stage), at most 40 (middle) and 40 (last).
+# Model llama3-70b on dgx-h100:16 (128 GPUs = 16 x 8).
+# Layout: tp=2,pp=16,cp=2,vpp=5,zero=1,offload=none,mbs=1,recompute=none,sp=on
 #
 # A TRAINING RUN of the recipe below: 1168251 iterations = 4899999842304 tokens by default
 # (4194304 tokens per iteration), warm-up 2000 iterations, cosine decay.
@@ -68,15 +67,15 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
 MEGATRON_ARGS=(
-  --tensor-model-parallel-size 8
-  --pipeline-model-parallel-size 2
-  --context-parallel-size 1
-  --pipeline-model-parallel-layout 'Ett|ttt|tt|ttt|tt|ttt|tt|ttt|tt|ttt|tt|ttt|tt|ttt|tt|(ttt|)*2,tt|ttt|tt|ttt|tt|ttt|tt|ttt|tt|ttt|tt|ttt|tt|ttt|ttL'
+  --tensor-model-parallel-size 2
+  --pipeline-model-parallel-size 16
+  --context-parallel-size 2
+  --num-layers-per-virtual-pipeline-stage 1
   --sequence-parallel
   --use-distributed-optimizer
   --overlap-grad-reduce
   --overlap-param-gather
-  --micro-batch-size 2
+  --micro-batch-size 1
   --global-batch-size 512
   --num-layers 80
   --hidden-size 8192

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-#SBATCH --job-name=autotune-tp8-pp2-dp8-cp1-v16-z1-mb2-rn-sp
+#SBATCH --job-name=autotune-tp2-pp16-dp2-cp2-v5-z1-mb1-rn-sp
 ##SBATCH --partition=<partition>   (a disabled placeholder: drop one '#' and fill it in)
 ##SBATCH --account=<account>   (a disabled placeholder: drop one '#' and fill it in)
 ##SBATCH --time=<time>   (a disabled placeholder: drop one '#' and fill it in)
@@ -9,8 +9,8 @@
 #SBATCH --exclusive
 #SBATCH --output=%x-%j.out
 # Slurm job rendered by autotune 0.1.0.
-# Model llama3-70b on dgx-a100:16 (128 GPUs = 16 x 8).
-# Layout: tp=8,pp=2,cp=1,vpp=16,zero=1,offload=none,mbs=2,recompute=none,sp=on
+# Model llama3-70b on dgx-h100:16 (128 GPUs = 16 x 8).
+# Layout: tp=2,pp=16,cp=2,vpp=5,zero=1,offload=none,mbs=1,recompute=none,sp=on
 #
 # Submit from the folder that holds the artifacts (or set ARTIFACTS_DIR):
 #   cd <artifacts> && MEGATRON_LM=<Megatron-LM checkout> sbatch sbatch.sh [extra pretrain_gpt.py flags]
