@@ -777,7 +777,8 @@ def setup(spec: ModelSpec, plan: Plan, ds: dict[str, Any]) -> Trial:
         if id(group) not in ranks_of:
             ranks_of[id(group)] = tuple(dist.get_process_group_ranks(group) if group is not None
                                         else range(dist.get_world_size()))
-        return collective_kind(name, ranks_of[id(group)], kinds)
+        weights = lay.zero == 3 and clock.phase in ("forward", "backward")
+        return collective_kind(name, ranks_of[id(group)], kinds, weights)
 
     time_collectives(deepspeed.comm, clock, kind_of)
     engine, *_ = deepspeed.initialize(
