@@ -129,18 +129,23 @@ class PartClock:
 
 def time_collectives(module: Any, clock: PartClock, kind_of: Callable[[str, Any], str]) -> None:
     """Wrap the COLLECTIVES of `module` (``deepspeed.comm``) so each call charges its time to
-    ``kind_of(name, group)`` in `clock`; call before the engine is built."""
+    ``kind_of(name, group)`` in `clock` (a collective calling another counts once, as the
+    outer one); call before the engine is built."""
+
+    inside = [False]  # deepspeed.comm's allgather_fn calls all_gather_into_tensor: time once
 
     def wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if clock.phase is None:
+            if clock.phase is None or inside[0]:
                 return original(*args, **kwargs)
             kind = kind_of(name, kwargs.get("group"))
             start = time.perf_counter()
+            inside[0] = True
             try:
                 work = original(*args, **kwargs)
             finally:
+                inside[0] = False
                 clock.collective(kind, time.perf_counter() - start)
             return Waited(work, clock, kind) if kwargs.get("async_op") and work else work
 

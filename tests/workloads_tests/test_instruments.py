@@ -96,13 +96,18 @@ class _Work:
 
 
 class _AsyncComm:
-    """A stand-in for ``deepspeed.comm`` whose gather launches in 0.25 s (async_op=True)."""
+    """A stand-in for ``deepspeed.comm`` whose gather launches in 0.25 s (async_op=True);
+    like deepspeed.comm, `allgather_fn` calls `all_gather_into_tensor` (both timed)."""
 
     def __init__(self, clock: list[float]) -> None:
         self.clock = clock
 
     def allgather_fn(self, output: object, tensor: object, group: object = None,
                      async_op: bool = False) -> _Work | None:
+        return self.all_gather_into_tensor(output, tensor, group=group, async_op=async_op)
+
+    def all_gather_into_tensor(self, output: object, tensor: object, group: object = None,
+                               async_op: bool = False) -> _Work | None:
         self.clock[0] += 0.25
         return _Work(self.clock) if async_op else None
 
@@ -110,8 +115,9 @@ class _AsyncComm:
 def test_an_asynchronous_gather_is_charged_its_launch_and_its_wait(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A fake wall clock: a forward of 2.0 s launches a gather (0.25 s) and waits for it
-    (0.75 s) later, as ZeRO-3's coordinator does. By hand: zero3_gather = 0.25 + 0.75 = 1.0,
-    compute = 2.0 − 1.0; the handle's other attributes are the real handle's."""
+    (0.75 s) later, as ZeRO-3's coordinator does, through a gather that calls another. By
+    hand: zero3_gather = 0.25 + 0.75 = 1.0 (each counted once), compute = 2.0 − 1.0; the
+    handle's other attributes are the real handle's."""
     now = [0.0]
     monkeypatch.setattr("autotune.workloads.instruments.time.perf_counter", lambda: now[0])
     clock = PartClock(lambda: None)
