@@ -13,8 +13,11 @@ Targets: median |error| <= 10 % (max 25 %) on step time, <= 15 % on peak memory;
 under 2 minutes. CPU heavy (a few minutes per model): run it niced on a quiet machine. Each trial
 also reports how long its most-delayed rank waited for a CPU that other processes held
 (`autotune.workloads.instruments.cpu_wait_s`): on a shared machine that wait is contention, not
-the layout, and the errors are printed against the step less it too. `--layouts N` runs the
-first N layouts only.
+the layout, and the errors are printed against the step less it too. A MoE trial also
+records the load its experts ran at (DeepSpeed pads every expert to the busiest one's count);
+the step predicted at that load is printed beside, and summarised on its own line: it is read
+off the trial being judged, so it is not a prediction. `--layouts N` runs the first N layouts
+only.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 
 from autotune.calibration.calibrate import calibrate_cluster
 from autotune.calibration.file import apply_calibration
+from autotune.costmodel.constants import constants_for
 from autotune.costmodel.estimate import estimate as estimate_layout
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
@@ -92,6 +96,12 @@ def validate(model: str, workers: int, steps: int, out: Path,
         m = result.measurement
         breakdown = m.extra.get("breakdown") or {}
         waited = float(breakdown.get("cpu_wait_s", 0.0))
+        load = breakdown.get("moe_load_imbalance")
+        at_load = (estimate_layout(_at_load(calibrated, float(load), layout.mbs),
+                                   layout).step_time_s if load else None)
+        one = constants_for(calibrated.cluster.gpu,
+                            calibrated.train.software_stack).moe_load_imbalance
+        preset = 1 + (one - 1) / layout.mbs**0.5
         row: dict[str, object] = {"model": model, "layout": text, "status": m.status,
                                   "measured_s": m.step_time_s, "peak": m.peak_memory_bytes,
                                   "plain_s": plain.step_time_s, "calibrated_s": fitted.step_time_s,
@@ -100,12 +110,26 @@ def validate(model: str, workers: int, steps: int, out: Path,
                                   "predicted_memory": fitted.memory_parts,
                                   "measured_parts": breakdown, "cpu_wait_s": waited,
                                   "quiet_s": (m.step_time_s or 0) - waited,
+                                  "expert_load": load, "at_load_s": at_load,
                                   "load": os.getloadavg()[0]}
         rows.append(row)
         print(f"  {text}: {m.status} measured {m.step_time_s or 0:.3f} s ({waited:.3f} s of it "
               f"waiting for a CPU), predicted {fitted.step_time_s:.3f} s (uncalibrated "
-              f"{plain.step_time_s:.3f} s)", flush=True)
+              f"{plain.step_time_s:.3f} s)" + (
+                  f"; the trial's experts ran {load:.2f}x the balanced rows (calibrated: "
+                  f"{preset:.2f}x): {at_load:.3f} s "
+                  "predicted at its load" if load and at_load else ""), flush=True)
     return rows
+
+
+def _at_load(cfg: AutotuneConfig, load: float, mbs: int) -> AutotuneConfig:
+    """`cfg` charging the trial's own expert `load` at its micro-batch of `mbs` sequences
+    (`moe_load_imbalance` is one sequence's on CPU workers: `kernels.load_imbalance`)."""
+    gpu = cfg.cluster.gpu
+    one = 1 + (max(load, 1.0) - 1) * mbs**0.5
+    constants = {**gpu.constants, "moe_load_imbalance": min(one, 4.0)}
+    return cfg.model_copy(update={"cluster": cfg.cluster.model_copy(
+        update={"gpu": gpu.model_copy(update={"constants": constants})})})
 
 
 def _framework(cfg: AutotuneConfig) -> object:
@@ -116,7 +140,7 @@ def _framework(cfg: AutotuneConfig) -> object:
 
 def _errors(rows: list[dict[str, object]], predicted: str, measured: str) -> list[float]:
     return [float(r[predicted]) / float(r[measured]) - 1  # type: ignore[arg-type]
-            for r in rows if r["status"] == "ok" and r[measured]]
+            for r in rows if r["status"] == "ok" and r[measured] and r.get(predicted)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,8 +159,9 @@ def main(argv: list[str] | None = None) -> int:
                          MODELS.get(model, LAYOUTS)[: args.layouts])
         (args.out / "rows.json").write_text(json.dumps(rows, indent=1, default=str))
     print("\n| model | layout | status | measured step (s) | CPU wait (s) | predicted (s) | "
-          "error | uncalibrated (s) | error | measured peak (GiB) | predicted (GiB) | error |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "error | uncalibrated (s) | error | measured peak (GiB) | predicted (GiB) | error | "
+          "expert load | at that load (s) | error |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         ok = r["status"] == "ok" and bool(r["measured_s"])
         step = float(r["measured_s"] or 0)  # type: ignore[arg-type]
@@ -148,11 +173,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{_pct(calibrated / step - 1 if ok else None)} | {plain:.3f} | "
               f"{_pct(plain / step - 1 if ok else None)} | {peak / GIB:.3f} | "
               f"{predicted_peak / GIB:.3f} | "
-              f"{_pct(predicted_peak / peak - 1 if ok and peak else None)} |")
+              f"{_pct(predicted_peak / peak - 1 if ok and peak else None)} | "
+              f"{_load_cells(r, step if ok else 0.0)} |")
     for label, predicted, measured in (("step time, calibrated", "calibrated_s", "measured_s"),
                                        ("step time, uncalibrated", "plain_s", "measured_s"),
                                        ("step time, calibrated, against the step less the "
                                         "most-delayed rank's CPU wait", "calibrated_s", "quiet_s"),
+                                       ("step time, calibrated, at each MoE trial's own "
+                                        "measured expert load (read off the trial it is "
+                                        "judged on: not a prediction)", "at_load_s",
+                                        "measured_s"),
                                        ("peak memory", "predicted_peak", "peak")):
         errors = [abs(e) for e in _errors(rows, predicted, measured)]
         if errors:
@@ -160,6 +190,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{max(errors):.1%} over {len(errors)} trials")
     print_parts(rows)
     return 0
+
+
+def _load_cells(row: dict[str, object], step: float) -> str:
+    """The MoE trial's measured expert load, the step predicted at it and its error."""
+    load, at_load = row.get("expert_load"), row.get("at_load_s")
+    if not load or not at_load:
+        return "- | - | -"
+    at = float(at_load)  # type: ignore[arg-type]
+    return (f"{float(load):.2f} | {at:.3f} | "  # type: ignore[arg-type]
+            f"{_pct(at / step - 1 if step else None)}")
 
 
 def print_parts(rows: list[dict[str, object]]) -> None:

@@ -1,8 +1,10 @@
 """`autotune calibrate`: microbenchmarks on the cluster, or the user's own runs, to a file.
 
 `calibrate_cluster` runs the microbenchmarks (`autotune.calibration.microbench`), screens the
-workers, fits the kernel and link constants (`autotune.calibration.kernel_fit`) and returns a
-`Calibration`; a lost worker still returns one (incomplete, its points kept, the worker named).
+workers, fits the kernel and link constants (`autotune.calibration.kernel_fit`), on CPU workers
+measures a MoE model's router load at initialisation (`autotune.calibration.router_load`) and
+returns a `Calibration`; a lost worker still returns one (incomplete, its points kept, the
+worker named).
 `calibrate_from_runs` (`autotune.calibration.from_runs`) refits step-time constants to measured
 runs with the one step-time fit.
 
@@ -34,6 +36,7 @@ from autotune.calibration.microbench import WorkerLost
 from autotune.calibration.microbench import bench_plan
 from autotune.calibration.microbench import run_local
 from autotune.calibration.microbench import worker_stacks
+from autotune.calibration.router_load import router_load
 from autotune.calibration.slurm_bench import run_slurm
 from autotune.costmodel.constants import constants_for
 from autotune.exceptions import AutotuneError
@@ -112,6 +115,9 @@ def calibrate_cluster(
     measured = measured_figures(cfg, points)
     base = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
     fitted, predicted = fit_kernels(measured, points, base)
+    routed = router_load(cfg, layouts, out, base.moe_load_imbalance)
+    if routed is not None:
+        fitted = {**fitted, "moe_load_imbalance": routed}
     screening = screen(points, {d.rank: d.host for d in devices}, margin)
     cpu = cfg.cluster.cpu_processes
     calibration = Calibration(created=created, source="microbenchmarks",

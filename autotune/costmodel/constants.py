@@ -151,7 +151,8 @@ class Constants(BaseModel):
     auxiliary loss, closer to it with expert biases); a rank holds E/ep experts, which averages
     the per-expert excess down, so the default charges the slowest rank 10 %. Not fitted (no
     published run measures it: every MoE row of data/published_runs.csv force-balances its
-    routing)."""
+    routing). On CPU workers it is a micro-batch of one sequence's, for the router at its
+    initialisation (`kernels.load_imbalance`), and `autotune calibrate` measures it."""
     cpu_adam_params_per_s: float = Field(default=1.0e9, gt=0)
     """Parameters one node's CPUs update per second with DeepSpeedCPUAdam (offload). Unit:
     1/s. Source: ZeRO-Offload (Ren et al. 2021: ~1e9 parameters/s per node). Not fitted."""

@@ -100,10 +100,21 @@ def _tp_gemms(parts: tuple[Projection, ...], n: Any, tp: np.ndarray) -> list[Gem
                  column=p.split == "outputs") for p in parts]
 
 
-def load_imbalance(cfg: AutotuneConfig, k: Constants) -> float:
+def load_imbalance(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> np.ndarray:
     """Routed copies of the most loaded expert-parallel rank over the mean: 1 under forced
-    balancing (`TrainSpec.moe_force_balance`), else `moe_load_imbalance`."""
-    return 1.0 if cfg.train.moe_force_balance else k.moe_load_imbalance
+    balancing (`TrainSpec.moe_force_balance`), else `moe_load_imbalance`. On CPU workers (the
+    built-in workload's short trials, whose router is the one it was initialised with) that
+    constant is a micro-batch of one sequence's, and the excess over 1 shrinks as
+    1/sqrt(sequences): a sequence's tokens route alike (attention mixes them), sequences
+    independently (`autotune.calibration.router_load` measures it)."""
+    ones = np.ones(len(t))
+    if cfg.train.moe_force_balance:
+        return ones
+    excess = (k.moe_load_imbalance - 1) * ones
+    if cfg.cluster.cpu_processes:
+        excess = excess / np.sqrt(t.mbs)
+    imbalance: np.ndarray = 1 + excess
+    return imbalance
 
 
 def routed_tokens(cfg: AutotuneConfig, t: LayoutTable) -> np.ndarray:
@@ -141,7 +152,7 @@ def layer_gemms(cfg: AutotuneConfig, t: LayoutTable, k: Constants, moe: bool) ->
     per_expert = routed_tokens(cfg, t) * t.ep / experts
     local = experts / t.ep
     up, down = shapes.expert  # split by etp
-    slow = load_imbalance(cfg, k)
+    slow = load_imbalance(cfg, t, k)
     return gemms + [Gemm(per_expert, up.outputs / t.etp, up.inputs * ones, local, slow=slow,
                          routed=True),
                     Gemm(per_expert, down.outputs * ones, down.inputs / t.etp, local, slow=slow,
@@ -227,7 +238,7 @@ def elementwise_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     total: np.ndarray = n * (replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp)
     if not moe:
         return total
-    copies = routed_tokens(cfg, t) * load_imbalance(cfg, k)
+    copies = routed_tokens(cfg, t) * load_imbalance(cfg, t, k)
     per_copy = act * m.moe_ffn / t.etp + 2 * (2 * 2 * h)
     if fp8:
         per_copy = per_copy + cast * (h + m.moe_ffn / t.etp)
@@ -316,7 +327,7 @@ def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
         scores = SCORE_BYTES_FORWARD * heads * n * s
     memory = k.elementwise_passes * (elementwise_bytes(cfg, t, k, moe) + scores) / hbm
     if runs_eager(cfg):  # unfused ops: a third of their forward-plus-backward time forward
-        copies = routed_tokens(cfg, t) * k.moe_load_imbalance if moe else None
+        copies = routed_tokens(cfg, t) * load_imbalance(cfg, t, k) if moe else None
         memory = (k.elementwise_passes * scores / hbm
                   + (eager_seconds(cfg, t, k, gpu.hbm_tb_s * 1e12 * k.hbm_efficiency, copies)
                      + touched) / 3)

@@ -95,7 +95,7 @@ def layer_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     # the slowest rank's routed copies: expert input and output (2h + 2h, the output kept for
     # the routing-probability gradient) and the expert MLP intermediates (width / etp); the
     # router's fp32 probabilities and 1-byte routing map over E experts for its own tokens
-    copies = routed_tokens(cfg, t) * load_imbalance(cfg, k)
+    copies = routed_tokens(cfg, t) * load_imbalance(cfg, t, k)
     routed = copies * (4 * m.hidden_size + act * m.moe_ffn / t.etp)
     if te_fp8:  # the grouped GEMMs keep their inputs in fp8
         routed = routed - copies * (m.hidden_size + m.moe_ffn / t.etp)
@@ -109,7 +109,7 @@ def _eager_activation_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     MoE layer's router keeps fp32 probabilities and a 1-byte routing map over E experts."""
     if not moe:
         return saved_activation_bytes(cfg, t)
-    copies = routed_tokens(cfg, t) * k.moe_load_imbalance
+    copies = routed_tokens(cfg, t) * load_imbalance(cfg, t, k)
     stored: np.ndarray = saved_activation_bytes(cfg, t, copies) + _router_bytes(cfg, t)
     return stored
 

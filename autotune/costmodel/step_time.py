@@ -183,7 +183,7 @@ def _ep_layer_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> np.ndarray
     """
     m, gpn = cfg.model, cfg.cluster.gpus_per_node
     passes = 4 + 2 * (t.recompute == 2)
-    copies = routed_tokens(cfg, t) * load_imbalance(cfg, k)
+    copies = routed_tokens(cfg, t) * load_imbalance(cfg, t, k)
     ranks = t.ep.astype(float)
     local, nodes = nodes_spanned(ranks, np.maximum(gpn // t.etp, 1))
     tokens = copies / (m.moe_router_topk * t.etp)

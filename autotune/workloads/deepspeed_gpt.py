@@ -382,8 +382,20 @@ class MoEMLP(nn.Module):
         self.shared_gate = (nn.Linear(spec.hidden_size, 1, bias=False)
                             if spec.moe_shared_expert_gate else None)
         self.aux_scale = aux_scale
+        self.loads: list[float] = []
+        """Per forward: the rows every local expert ran over the mean copies per expert
+        (`expert_load`)."""
+        self._tokens = 0
+        self.moe.deepspeed_moe.experts.register_forward_pre_hook(self._padded)
+
+    def _padded(self, _experts: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        # DeepSpeed's experts run [ep, local experts, capacity, h]: dropless, the capacity is
+        # the busiest expert's copies, the max over the ep group (sharded_moe.top2gating)
+        spec_experts, topk = self.moe.num_experts, self.moe.deepspeed_moe.gate.k
+        self.loads.append(inputs[0].shape[2] * spec_experts / (self._tokens * topk))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._tokens = x.numel() // x.shape[-1]
         out, aux, _counts = self.moe(x)
         if torch.is_grad_enabled() and self.aux_scale:
             # torch.autograd.Function.apply carries no annotations
@@ -394,6 +406,23 @@ class MoEMLP(nn.Module):
         if self.shared_gate is not None:
             shared = torch.sigmoid(self.shared_gate(x)) * shared
         return out + shared
+
+
+def expert_load(model: nn.Module) -> float | None:
+    """The padded expert rows of the forwards since the last call over their balanced count,
+    averaged over this rank's MoE layers and forwards (None without MoE layers), then reset.
+
+    DeepSpeed's dropless MoE pads every expert to the capacity, the busiest expert's copies
+    over the ep group, so the experts' GEMMs and all-to-alls move experts · capacity rows
+    where balanced routing would move tokens · k: the ratio is the trial's own
+    `moe_load_imbalance` (a property of the router at its initialisation and of the tokens,
+    not of the hardware)."""
+    loads = [load for module in model.modules() if isinstance(module, MoEMLP)
+             for load in module.loads]
+    for module in model.modules():
+        if isinstance(module, MoEMLP):
+            module.loads.clear()
+    return sum(loads) / len(loads) if loads else None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -686,7 +715,8 @@ class Trial:
     place: dict[str, int]
     """This rank's coordinates: rank, dp, tp, cp, stage."""
     series: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
-    """Per step on this rank: compute_s, data_s, losses (this rank's), data (token hash)."""
+    """Per step on this rank: compute_s, data_s, losses (this rank's), data (token hash),
+    expert_load (MoE models, `expert_load`)."""
 
 
 def _engine_config(ds: dict[str, Any]) -> dict[str, Any]:
@@ -747,7 +777,8 @@ def setup(spec: ModelSpec, plan: Plan, ds: dict[str, Any]) -> Trial:
         if id(group) not in ranks_of:
             ranks_of[id(group)] = tuple(dist.get_process_group_ranks(group) if group is not None
                                         else range(dist.get_world_size()))
-        return collective_kind(name, ranks_of[id(group)], kinds)
+        weights = lay.zero == 3 and clock.phase in ("forward", "backward")
+        return collective_kind(name, ranks_of[id(group)], kinds, weights)
 
     time_collectives(deepspeed.comm, clock, kind_of)
     engine, *_ = deepspeed.initialize(
@@ -858,7 +889,8 @@ def train(trial: Trial, reporter: Reporter, inject: str | None) -> dict[str, Any
         parts = trial.clock.take()
         _record(trial.series, compute_s=parts.get("compute", 0.0), data_s=parts.get("data", 0.0),
                 losses=None if trial.pipeline else own, data=trial.data.take_fingerprint(),
-                parts=parts, step_s=step_time_s, cpu_wait_s=waited)
+                parts=parts, step_s=step_time_s, cpu_wait_s=waited,
+                expert_load=expert_load(trial.engine.module))
         return step_time_s, loss
 
     summary = train_loop(trial.plan, reporter, trial.device, timed_step,
@@ -874,7 +906,8 @@ def _record(series: dict[str, list[Any]], **values: Any) -> None:
 
 def measured_parts(trial: Trial, summary: dict[str, Any]) -> dict[str, Any]:
     """`breakdown`: rank 0's parts averaged over the measured steps, beside the mean measured
-    step time and the time no part covers (`unattributed_s`); `ranks`: every rank's place and
+    step time, the time no part covers (`unattributed_s`) and, for a MoE model, every rank's
+    `expert_load` averaged (`moe_load_imbalance`); `ranks`: every rank's place and
     per-step series (compute_s, data_s, its own loss, a hash of its tokens) for the gate."""
     warmup = trial.plan.warmup
     steps = trial.series.get("parts", [])[warmup:]
@@ -890,10 +923,14 @@ def measured_parts(trial: Trial, summary: dict[str, Any]) -> dict[str, Any]:
     step_s = sum(trial.series["step_s"][warmup:]) / len(steps)
     # the rank that waited longest for a CPU (contention from other processes, not a part)
     waits = [sum(r.get("cpu_wait_s", [])) / len(steps) for r in every if r]
-    return {"breakdown": {"parts": breakdown, "step_time_s": step_s,
-                          "unattributed_s": step_s - sum(breakdown.values()),
-                          "cpu_wait_s": max(waits, default=0.0)},
-            "ranks": every}
+    measured = {"parts": breakdown, "step_time_s": step_s,
+                "unattributed_s": step_s - sum(breakdown.values()),
+                "cpu_wait_s": max(waits, default=0.0)}
+    # every stage's MoE layers (ranks of one ep group ran the same capacity)
+    loads = [load for r in every if r for load in r.get("expert_load", [])]
+    if loads:
+        measured["moe_load_imbalance"] = sum(loads) / len(loads)
+    return {"breakdown": measured, "ranks": every}
 
 
 def describe_engine(engine: Any, spec: ModelSpec) -> dict[str, Any]:

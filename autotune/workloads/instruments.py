@@ -7,8 +7,12 @@ wraps the collectives of `deepspeed.comm` so that each call's time is charged to
 parts the cost model predicts (`autotune.costmodel.step_time.TIME_PARTS`): a phase's time less
 its collectives is compute (forward, backward, reduction) or optimizer; a pipeline phase is
 all `pp_p2p` (its send/recv time includes waiting for the neighbour stage, i.e. the bubble).
-On CPU (gloo) collectives block, so their time is exact; an asynchronous collective counts
-only its launch, its wait lands in the phase's compute.
+On CPU (gloo) collectives block, so their time is exact; an asynchronous one (DeepSpeed's
+ZeRO-3 gathers its weights with `async_op=True` and waits for them in the module's forward or
+backward, `partitioned_param_coordinator.py`) is charged its launch and its `wait`: on CPU,
+where nothing runs beside it, the two are its exposed time, which would otherwise land in the
+phase's compute. Gathers of the data-parallel ranks inside the forward or backward under ZeRO-3
+are `zero3_gather` (the model's part), the rest of their collectives `dp_comm`.
 
 Faults (`AUTOTUNE_WORKLOAD_FAULTS=name,name`) are switches for tests that must see the
 validity gate catch a real run going wrong; nothing else sets them.
@@ -105,7 +109,7 @@ class PartClock:
         for (phase, kind), seconds in self.comms.items():
             if phase in ("pipe", "data", "unattributed"):
                 continue  # inside the pipeline phase, or outside every phase
-            name = "pp_p2p" if kind == "pp" else f"{kind}_comm"
+            name = {"pp": "pp_p2p", "zero3": "zero3_gather"}.get(kind, f"{kind}_comm")
             parts[name] = parts.get(name, 0.0) + seconds
         self.phases, self.comms = {}, {}
         return {k: max(0.0, v) for k, v in parts.items() if v}
@@ -113,18 +117,25 @@ class PartClock:
 
 def time_collectives(module: Any, clock: PartClock, kind_of: Callable[[str, Any], str]) -> None:
     """Wrap the COLLECTIVES of `module` (``deepspeed.comm``) so each call charges its time to
-    ``kind_of(name, group)`` in `clock`; call before the engine is built."""
+    ``kind_of(name, group)`` in `clock` (a collective calling another counts once, as the
+    outer one); call before the engine is built."""
+
+    inside = [False]  # deepspeed.comm's allgather_fn calls all_gather_into_tensor: time once
 
     def wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if clock.phase is None:
+            if clock.phase is None or inside[0]:
                 return original(*args, **kwargs)
+            kind = kind_of(name, kwargs.get("group"))
             start = time.perf_counter()
+            inside[0] = True
             try:
-                return original(*args, **kwargs)
+                work = original(*args, **kwargs)
             finally:
-                clock.collective(kind_of(name, kwargs.get("group")), time.perf_counter() - start)
+                inside[0] = False
+                clock.collective(kind, time.perf_counter() - start)
+            return Waited(work, clock, kind) if kwargs.get("async_op") and work else work
 
         timed._autotune_timed = True  # type: ignore[attr-defined]
         return timed
@@ -135,10 +146,36 @@ def time_collectives(module: Any, clock: PartClock, kind_of: Callable[[str, Any]
             setattr(module, name, wrap(name, original))
 
 
-def collective_kind(name: str, ranks: tuple[int, ...], groups: dict[tuple[int, ...], str]) -> str:
+class Waited:
+    """An asynchronous collective's handle whose `wait` charges its time to the collective's
+    kind in the phase it runs in (every other attribute is the handle's)."""
+
+    def __init__(self, work: Any, clock: PartClock, kind: str) -> None:
+        self._work, self._clock, self._kind = work, clock, kind
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        """The handle's wait, timed."""
+        start = time.perf_counter()
+        try:
+            return self._work.wait(*args, **kwargs)
+        finally:
+            if self._clock.phase is not None:
+                self._clock.collective(self._kind, time.perf_counter() - start)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+_GATHERS = {"all_gather_into_tensor", "all_gather", "allgather_fn"}
+
+
+def collective_kind(name: str, ranks: tuple[int, ...], groups: dict[tuple[int, ...], str],
+                    gathers_weights: bool = False) -> str:
     """The kind of one collective: point-to-point is pipeline, a known group's ranks name it
     (tp, cp, ep, pp), and the rest reduce or gather over data-parallel ranks (dp: gradients,
-    ZeRO partitions)."""
+    ZeRO partitions); with `gathers_weights` (ZeRO-3 inside a forward or backward) their
+    gathers are `zero3`."""
     if name in _POINT_TO_POINT:
         return "pp"
-    return groups.get(ranks, "dp")
+    kind = groups.get(ranks, "dp")
+    return "zero3" if gathers_weights and kind == "dp" and name in _GATHERS else kind

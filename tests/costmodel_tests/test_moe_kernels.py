@@ -95,3 +95,17 @@ def test_forced_balancing_charges_the_mean_load_and_renders_megatrons_flag() -> 
         warnings.simplefilter("ignore")
         config = transformer_config_class(cfg.model)(**transformer_config_kwargs(cfg, layout))
     assert config.moe_router_force_load_balancing is True
+
+
+def test_cpu_workers_load_shrinks_with_the_sequences_of_a_micro_batch() -> None:
+    """Worked by hand: on CPU workers `moe_load_imbalance` I is one sequence's load and a
+    micro-batch of b sequences charges 1 + (I − 1)/sqrt(b) (I = 1.9: 1.9, 1.45, 1.225 at b 1,
+    4, 16) on the routed GEMMs' rows; on GPUs every b charges I."""
+    cpu = load_config("tiny-moe", "local", framework="deepspeed", processes=2)
+    gpu, _table, _k = _moe_setup()
+    for cfg, expected in ((cpu, [1.9, 1.45, 1.225]), (gpu, [1.9, 1.9, 1.9])):
+        k = constants_for(cfg.cluster.gpu).model_copy(update={"moe_load_imbalance": 1.9})
+        table = LayoutTable.from_layouts([
+            Layout.derived(cfg.world_size, 64, tp=1, pp=1, mbs=b) for b in (1, 4, 16)])
+        routed = [g for g in layer_gemms(cfg, table, k, moe=True) if g.routed]
+        assert routed and all(np.allclose(g.slow, expected) for g in routed)

@@ -28,6 +28,10 @@ def test_predicted_beside_measured_parts_worked_by_hand() -> None:
         ["step time", "1.550", "1.800"],
     ]
     assert measured_parts_table({"predicted": record["predicted"]}) is None
+    # a CPU trial measures ZeRO-3's gathers apart: 0.25 + 0.1 = 0.35 in the same row
+    record["breakdown"]["parts"] |= {"dp_comm": 0.25, "zero3_gather": 0.1}
+    table = measured_parts_table(record)
+    assert table is not None and table.rows[1] == ["DP reduce + ZeRO gathers", "0.400", "0.350"]
 
 
 def test_the_verify_verdict_states_the_result() -> None:

@@ -62,6 +62,10 @@ def test_expert_parallel_trains_like_one_process(
     moved = sum(spec.moe_layer_pattern) * (spec.num_experts - spec.num_experts // ep)
     assert trial.summary["params_local"] == (
         reference.summary["params_local"] - moved * expert_params(MODEL))
+    # an ep group's ranks pad their experts to one all-reduced capacity: the same load
+    loads = [rank["expert_load"] for rank in trial.summary["ranks"]]
+    assert (loads[0] == pytest.approx(loads[1])) == (ep == 2)
+    assert trial.summary["breakdown"]["moe_load_imbalance"] >= 1
 
 
 @pytest.mark.slow
@@ -70,6 +74,40 @@ def test_moe_pipeline_trains_like_one_process(tmp_path: Path, reference: Trial) 
     router's auxiliary-loss gradient, which rides on the activations)."""
     trial = run_trial(write_trial(tmp_path, 2, pp=2, zero=1, gas=2), 2, model=MODEL).ok()
     assert trial.losses == pytest.approx(reference.losses, **SAME)
+
+
+EXPERT_LOAD = """
+import os, sys, torch, deepspeed
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1",
+                  LOCAL_RANK="0")
+deepspeed.init_distributed("gloo")
+from autotune.specs.inputs import load_model
+from autotune.workloads import deepspeed_gpt
+spec = load_model("tiny-moe")
+mlp = deepspeed_gpt.MoEMLP(spec, 1, 0, 0.0)
+mlp.moe.set_deepspeed_parallelism()
+for batch in (1, 2, 4):
+    torch.manual_seed(batch)
+    mlp(torch.randn(batch, 64, spec.hidden_size) * batch)
+    counts = mlp.moe.deepspeed_moe.exp_counts
+    print("RESULT", deepspeed_gpt.expert_load(mlp), int(counts.max()), int(counts.sum()))
+"""
+
+
+def test_expert_load_is_the_busiest_experts_share() -> None:
+    """Oracle: DeepSpeed's own routing counts (`MOELayer.exp_counts`, copies per expert of one
+    forward): dropless at ep 1 the capacity every expert is padded to is the largest count, so
+    the load the workload records is that count over the mean, max · E / (S · k), S · k being
+    the counts' sum."""
+    done = subprocess.run([sys.executable, "-c", EXPERT_LOAD, str(29500 + os.getpid() % 400)],
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    rows = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert len(rows) == 3, done.stderr[-3000:]
+    experts = load_model(MODEL).num_experts
+    for load, busiest, copies in rows:
+        assert float(load) == pytest.approx(int(busiest) * experts / int(copies))
+        assert float(load) > 1
 
 
 def run_unchecked(directory: Path, nproc: int) -> str:

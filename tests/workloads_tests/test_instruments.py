@@ -81,12 +81,66 @@ def test_parts_of_a_step_worked_by_hand(monkeypatch: pytest.MonkeyPatch) -> None
     assert clock.take() == {}  # reset for the next step
 
 
+class _Work:
+    """A stand-in for an asynchronous collective's handle: its wait takes 0.75 s."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+
+    def wait(self) -> bool:
+        self.clock[0] += 0.75
+        return True
+
+    def is_completed(self) -> bool:
+        return False
+
+
+class _AsyncComm:
+    """A stand-in for ``deepspeed.comm`` whose gather launches in 0.25 s (async_op=True);
+    like deepspeed.comm, `allgather_fn` calls `all_gather_into_tensor` (both timed)."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+
+    def allgather_fn(self, output: object, tensor: object, group: object = None,
+                     async_op: bool = False) -> _Work | None:
+        return self.all_gather_into_tensor(output, tensor, group=group, async_op=async_op)
+
+    def all_gather_into_tensor(self, output: object, tensor: object, group: object = None,
+                               async_op: bool = False) -> _Work | None:
+        self.clock[0] += 0.25
+        return _Work(self.clock) if async_op else None
+
+
+def test_an_asynchronous_gather_is_charged_its_launch_and_its_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake wall clock: a forward of 2.0 s launches a gather (0.25 s) and waits for it
+    (0.75 s) later, as ZeRO-3's coordinator does, through a gather that calls another. By
+    hand: zero3_gather = 0.25 + 0.75 = 1.0 (each counted once), compute = 2.0 − 1.0; the
+    handle's other attributes are the real handle's."""
+    now = [0.0]
+    monkeypatch.setattr("autotune.workloads.instruments.time.perf_counter", lambda: now[0])
+    clock = PartClock(lambda: None)
+    comm = _AsyncComm(now)
+    time_collectives(comm, clock, lambda name, group: collective_kind(name, (0, 1), {}, True))
+    with clock.timing("forward"):
+        handle = comm.allgather_fn(None, None, async_op=True)
+        assert handle is not None and handle.is_completed() is False
+        now[0] += 0.5
+        assert handle.wait() is True
+        now[0] += 0.5
+    assert clock.take() == pytest.approx({"compute": 1.0, "zero3_gather": 1.0})
+
+
 def test_collective_kinds() -> None:
     groups = {(0, 1): "tp", (0, 2): "cp"}
     assert collective_kind("send", (0, 1), groups) == "pp"
     assert collective_kind("all_reduce", (0, 1), groups) == "tp"
     assert collective_kind("all_to_all_single", (0, 2), groups) == "cp"
     assert collective_kind("all_gather_into_tensor", (0, 1, 2, 3), groups) == "dp"
+    assert collective_kind("allgather_fn", (0, 1, 2, 3), groups, True) == "zero3"
+    assert collective_kind("reduce_scatter_fn", (0, 1, 2, 3), groups, True) == "dp"
+    assert collective_kind("allgather_fn", (0, 1), groups, True) == "tp"
 
 
 def test_unknown_fault_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,15 +169,19 @@ def _run(tmp_path: Path, layout: Layout, *names: str, runner: type[LocalRunner] 
 
 
 @pytest.mark.slow
-def test_a_correct_run_passes_and_its_parts_add_up(tmp_path: Path) -> None:
+@pytest.mark.parametrize("zero", [2, 3])
+def test_a_correct_run_passes_and_its_parts_add_up(tmp_path: Path, zero: int) -> None:
     """Oracle: the step time the workload measures around the whole step; the parts are timed
-    separately per phase and must cover it to 5 %. DeepSpeed's engine reports the layout."""
-    m = _run(tmp_path, Layout(dp=2, zero=2, mbs=2, gas=2))
+    separately per phase and must cover it to 5 %. DeepSpeed's engine reports the layout;
+    under ZeRO-3 its weight gathers (issued asynchronously, waited for in the forward and
+    backward) are their own part."""
+    m = _run(tmp_path, Layout(dp=2, zero=zero, mbs=2, gas=2))
     assert m.status == "ok", m.reason + m.log_tail[-2000:]
     breakdown = m.extra["breakdown"]
     assert abs(breakdown["unattributed_s"]) <= 0.05 * breakdown["step_time_s"]
     assert {"compute", "dp_comm", "optimizer"} <= set(breakdown["parts"])
-    assert m.extra["ran"]["zero"] == 2 and m.extra["ran"]["world_size"] == 2
+    assert ("zero3_gather" in breakdown["parts"]) == (zero == 3)
+    assert m.extra["ran"]["zero"] == zero and m.extra["ran"]["world_size"] == 2
     assert not m.extra.get("pitfalls")
 
 
