@@ -117,6 +117,13 @@ def gemms(worker: Worker, plan: dict[str, Any]) -> None:
                           "rate": 2 * m * n * k / seconds})
 
 
+SCREEN_ROUND_S = 0.03
+"""Seconds of GEMMs per screening round the plan expects. A device far slower than planned (a
+CPU given a GPU plan, a throttled GPU) times a smaller n (doubled from `SCREEN_SMALLEST_N`
+while the next size fits a round) and fewer calls, so screening stays seconds, not hours."""
+SCREEN_SMALLEST_N = 256
+
+
 def screening(worker: Worker, plan: dict[str, Any]) -> None:
     """The screening GEMM (n × n × n into a kept output: no page faults) in rounds that every
     worker starts together (a barrier), as all devices compute at once in training; one point
@@ -125,11 +132,23 @@ def screening(worker: Worker, plan: dict[str, Any]) -> None:
     spec = plan.get("screen")
     if not spec:
         return
-    n, calls = int(spec["n"]), int(spec["calls"])
+    planned, calls = int(spec["n"]), int(spec["calls"])
     dtype = DTYPES[spec["dtype"]]
-    a, b, c = (torch.randn(n, n, device=worker.device).to(dtype) for _ in range(3))
-    torch.mm(a, b, out=c)  # warm-up
-    worker.sync()
+    round_s = float(spec.get("round_s", SCREEN_ROUND_S))
+    n = min(SCREEN_SMALLEST_N, planned)
+    while True:  # grow to the planned n unless the next size would overrun a round
+        a, b, c = (torch.randn(n, n, device=worker.device).to(dtype) for _ in range(3))
+        torch.mm(a, b, out=c)  # warm-up
+        worker.sync()
+        start = time.perf_counter()
+        torch.mm(a, b, out=c)
+        worker.sync()
+        one = time.perf_counter() - start
+        if n >= planned or one * 8 > 4 * round_s:
+            break
+        n = min(2 * n, planned)
+    if one * calls > 4 * round_s:  # a device far slower than planned: fewer calls, not hours
+        calls = max(1, round(round_s / one))
     flops = 2.0 * n**3 * calls
     rates = []
     for _ in range(int(spec["rounds"])):

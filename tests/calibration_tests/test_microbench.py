@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autotune.calibration import bench_worker
 from autotune.calibration.calibrate import calibrate_cluster
 from autotune.calibration.file import Point
 from autotune.calibration.kernel_fit import OP_BANDWIDTH
@@ -27,6 +28,7 @@ from autotune.calibration.kernel_fit import comm_seconds
 from autotune.calibration.kernel_fit import fit_kernels
 from autotune.calibration.kernel_fit import screen
 from autotune.calibration.microbench import SCREEN_CPU
+from autotune.calibration.microbench import SCREEN_GPU
 from autotune.calibration.microbench import bench_plan
 from autotune.calibration.microbench import read_points
 from autotune.costmodel.constants import constants_for
@@ -257,3 +259,16 @@ def test_eager_benchmark_dispatches_the_layer_ops(tmp_path: Path) -> None:
         assert p.shape["ops"] == 50
         assert p.shape["bytes"] == pytest.approx(78 * hidden * p.shape["tokens"] * 4, rel=0.05)
         assert p.seconds > 0
+
+
+def test_screening_a_device_slower_than_planned_times_a_smaller_gemm(tmp_path: Path) -> None:
+    """The GPU plan's screening GEMM (8192³ bf16, 20 calls, 9 rounds) on this CPU would take
+    hours (one call is 1.1 TFLOP). The worker grows n from 256 only while eight calls of the
+    next size fit four rounds' budget, so a real single-process run records a smaller n, every
+    round and a rate (the bound, worked by hand: 2 · 8192³ FLOP at well under 1 TFLOP/s here)."""
+    worker = bench_worker.Worker(tmp_path)
+    bench_worker.screening(worker, {"screen": dict(SCREEN_GPU)})
+    worker.file.close()
+    record = json.loads((tmp_path / "rank-0.jsonl").read_text().splitlines()[-1])
+    assert record["kind"] == "screen" and len(record["repeats"]) == SCREEN_GPU["rounds"]
+    assert 256 <= record["shape"]["n"] < SCREEN_GPU["n"] and record["rate"] > 0
