@@ -208,11 +208,9 @@ def fit_trials(
     proposer ranks with it after each trial, and the refit report shows the same fit."""
     points = [Measured(f"trial {i}", cfg, (layout,), float(step), cfg.cluster.gpu.name)
               for i, (layout, step) in enumerate(zip(layouts, step_time_s, strict=True))]
-    if clip is None:
-        return fit_constants(points, base, names, prior_sd=PRIOR_LOG_SD, step_sd=step_sd,
-                             loss="linear")
     return fit_constants(points, base, names, prior_sd=PRIOR_LOG_SD, step_sd=step_sd,
-                         loss="huber", robust_scale=clip * step_sd)
+                         loss="linear" if clip is None else "huber",
+                         robust_scale=(clip or 0.0) * step_sd)
 
 
 def at_bounds(k: Constants, names: Sequence[str]) -> list[tuple[str, str, float]]:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.calibration.file import FittedConstant
+from autotune.costmodel.constants import Constants
 from autotune.exceptions import AutotuneError
 from autotune.layout import LayoutTable
 from autotune.runners.local import free_port
@@ -42,8 +43,9 @@ REPEATS = 2
 TOKEN_SEED = 4_000_037
 """Seed of the random tokens (the trials draw theirs from `workloads.common.SEED`)."""
 TIMEOUT_S = 300.0
-LOAD_BOUND = 4.0
-"""`Constants.moe_load_imbalance`'s upper bound."""
+LOAD_BOUND = float(next(m.le for m in Constants.model_fields["moe_load_imbalance"].metadata
+                        if hasattr(m, "le")))
+"""`Constants.moe_load_imbalance`'s upper bound (read off its field)."""
 
 
 def pair_loads(spec: ModelSpec, seq: int, pairs: list[tuple[int, int]]) -> list[float]:
