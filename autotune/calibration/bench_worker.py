@@ -35,8 +35,8 @@ import torch.distributed as dist
 
 from autotune.calibration.file import screening_rate
 from autotune.calibration.file import software_stack
+from autotune.measurement import cpu_wait_s
 from autotune.units import GIB
-from autotune.workloads.instruments import cpu_wait_s
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BUS_FACTOR = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}

@@ -55,6 +55,7 @@ from autotune.frameworks.base import rule
 from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
+from autotune.measurement import cpu_wait_s
 from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
 from autotune.specs.inputs import load_model
@@ -76,7 +77,6 @@ from autotune.workloads.common import workload_parser
 from autotune.workloads.instruments import SLOW_S
 from autotune.workloads.instruments import PartClock
 from autotune.workloads.instruments import collective_kind
-from autotune.workloads.instruments import cpu_wait_s
 from autotune.workloads.instruments import faults
 from autotune.workloads.instruments import time_collectives
 from autotune.workloads.tokens import open_tokens

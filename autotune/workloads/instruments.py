@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from autotune.exceptions import AutotuneError
-from autotune.measurement import cpu_wait_s as cpu_wait_s  # owned there; the trials' name for it
 
 FAULTS_ENV = "AUTOTUNE_WORKLOAD_FAULTS"
 """Comma-separated test-only faults the workload injects into its own run."""

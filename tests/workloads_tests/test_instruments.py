@@ -18,6 +18,7 @@ import pytest
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.measurement import Measurement
+from autotune.measurement import cpu_wait_s
 from autotune.runners.base import TrialPlan
 from autotune.runners.local import LocalRunner
 from autotune.specs.inputs import load_config
@@ -26,7 +27,6 @@ from autotune.workloads.instruments import FAULTS_ENV
 from autotune.workloads.instruments import SLOW_S
 from autotune.workloads.instruments import PartClock
 from autotune.workloads.instruments import collective_kind
-from autotune.workloads.instruments import cpu_wait_s
 from autotune.workloads.instruments import faults
 from autotune.workloads.instruments import time_collectives
 
