@@ -119,6 +119,12 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
     # (@ 0c7aef186, 74695a06d, cfeddcd94, 21d102f5e): gradients reduced in bf16, alltoall
     **{f"mbridge_{tag}_h100_gptoss120b_64": {"grad_reduce_in_fp32": False}
        for tag in ("2602", "26021", "2604", "26041")},
+    # SC21 Table 2's ZeRO-3 rows ran a DeepSpeed between ZeRO-3's first release (v0.3.12,
+    # March 2021) and the paper's last revision (August 2021, v0.5.0): microsoft/DeepSpeed
+    # `runtime/zero/partition_parameters.py` @ v0.3.13, v0.4.0 and v0.5.0 all-gathers into
+    # `partitions` (one tensor per rank) and `_reduce_scatter_gradient` reduce-scatters from
+    # `input_list`; `_all_gather_base` came in v0.5.6 (commit c0eeb69df)
+    **{f"sc21_t2_0{i}": {"zero3_list_collectives": True} for i in range(1, 7)},
 }
 """Training settings of a run that its launch script sets and the CSV has no column for, by
 `row_id`."""

@@ -78,9 +78,10 @@ class Constants(BaseModel):
     the step-time fit."""
     eager_op_s: float = Field(default=1e-5, ge=0)
     """Dispatch cost of one eager elementwise op (Python, autograd and ATen overhead before
-    the kernel moves a byte), CPU workers only (`autotune.costmodel.eager`). Unit: s. Source:
-    the eager microbenchmark's intercept (10-12 µs per op on one core of a shared 2-core
-    cloud VM). Not fitted by the step-time fit."""
+    the kernel moves a byte), CPU workers (`autotune.costmodel.eager`), and each rank's copy
+    of a list collective under DeepSpeed v0.3-v0.5.5's ZeRO-3 (`zero3.list_copies_s`). Unit:
+    s. Source: the eager microbenchmark's intercept (10-12 µs per op on one core of a shared
+    2-core cloud VM). Not fitted by the step-time fit."""
     first_touch_s_per_gb: float = Field(default=0.5, ge=0)
     """Seconds per GB a CPU worker spends the first time it writes a freshly mapped tensor
     (page faults and the kernel's zeroing of each page): glibc's malloc maps every request

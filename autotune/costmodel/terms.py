@@ -63,6 +63,10 @@ class Zero3Fetch:
     stage3_max_reuse_distance)."""
     reduce_bucket_numel: float | np.ndarray = np.inf
     """Gradients per reduce-scatter (DeepSpeed's reduce_bucket_size)."""
+    list_collectives: bool = False
+    """Every gather and reduce-scatter is a list collective (DeepSpeed v0.3-v0.5.5,
+    `TrainSpec.zero3_list_collectives`): one reduce-scatter per weight tensor, not per bucket,
+    and one host-dispatched copy per rank in each."""
 
 
 class FrameworkTerms(Protocol):

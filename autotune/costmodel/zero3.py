@@ -32,6 +32,12 @@ Llama and Mistral layers: q, k, v and o projections, then gate (gated MLPs), up 
 three (two ring latencies fewer). Each module's compute is its share of the layer's GEMM
 parameters. Overlapped communication still costs (1 − overlap_fraction) of its time
 (`collectives.exposed_s`).
+
+DeepSpeed v0.3.x-v0.5.5 (`TrainSpec.zero3_list_collectives`) gathered into, and
+reduce-scattered from, a list of one tensor per rank, and reduce-scattered each weight's
+gradient on its own (`partition_parameters.py` `_reduce_scatter_gradients` loops over the
+bucket's parameters); `ProcessGroupNCCL` copies every rank's slice out of or into its flat
+buffer, one host-dispatched copy per rank (`list_copies_s`).
 """
 
 from __future__ import annotations
@@ -58,6 +64,13 @@ def weight_tensors(cfg: AutotuneConfig, t: LayoutTable) -> list[np.ndarray]:
     kv = h * m.query_groups * d / t.tp
     mlp = h * m.ffn / t.tp
     return [q, kv, kv, q] + [mlp] * (3 if m.gated else 2)
+
+
+def list_copies_s(fetch: Zero3Fetch, ranks: np.ndarray, k: Constants) -> np.ndarray:
+    """Host time one list collective spends on its per-rank copies: `ranks` eager ops
+    (`eager_op_s` each) under DeepSpeed v0.3-v0.5.5, else nothing."""
+    copies: np.ndarray = ranks * k.eager_op_s * float(fetch.list_collectives)
+    return copies
 
 
 def _pass_s(gathers: list[np.ndarray], sizes: list[np.ndarray], compute: list[np.ndarray],
@@ -98,7 +111,9 @@ def _per_module_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, layer: Laye
     total = sum(sizes)
     width = element_bytes(cfg)
     ranks, per_node = t.shard_degree, np.maximum(cfg.cluster.gpus_per_node // t.tp, 1)
-    gathers = [collective_s("all_gather", width * n, ranks, per_node, cfg, k) for n in sizes]
+    copies = list_copies_s(fetch, ranks, k)
+    gathers = [collective_s("all_gather", width * n, ranks, per_node, cfg, k) + copies
+               for n in sizes]
     forward = [layer.forward * n / total for n in sizes]
     backward = [(layer.backward - layer.recompute) * n / total for n in sizes]
     recompute = t.recompute == 2
@@ -115,6 +130,9 @@ def _per_module_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, layer: Laye
     bucket = np.maximum(np.minimum(fetch.reduce_bucket_numel, model_numel), 1)
     scatter = total / bucket * collective_s("reduce_scatter", grad_bytes * bucket, ranks,
                                             per_node, cfg, k)
+    if fetch.list_collectives:  # one reduce-scatter per weight tensor, each with its copies
+        scatter = sum(collective_s("reduce_scatter", grad_bytes * n, ranks, per_node, cfg, k)
+                      + copies for n in sizes)
     behind = _pass_s(refetch[::-1], sizes[::-1], backward[::-1], fetch, k, scatter)
     layer_s: np.ndarray = ahead + again + behind
     return layer_s
@@ -136,7 +154,7 @@ def zero3_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarra
         rest = np.maximum(params - gathered, 0.0)
         edges = collective_s("all_gather", width * rest, ranks, per_node, cfg, k)
         edges = edges + collective_s("reduce_scatter", grad_bytes * rest, ranks, per_node,
-                                     cfg, k)
+                                     cfg, k) + 2 * list_copies_s(fetch, ranks, k)
         micro = edges + layers * _per_module_s(cfg, t, k, layer, fetch, grad_bytes, gathered)
     else:
         per_layer = params / np.maximum(layers, 1)

@@ -322,7 +322,8 @@ class DeepSpeed(Framework):
         return Zero3Fetch(per_module=True, overlap=cfg.train.overlap_grad_reduce,
                           prefetch_numel=ZERO3_PREFETCH_FRACTION * bucket,
                           max_live_numel=ZERO3_MAX_LIVE_PARAMETERS,
-                          max_reuse_numel=ZERO3_MAX_REUSE_DISTANCE, reduce_bucket_numel=bucket)
+                          max_reuse_numel=ZERO3_MAX_REUSE_DISTANCE, reduce_bucket_numel=bucket,
+                          list_collectives=cfg.train.zero3_list_collectives)
 
     def buffer_bytes(self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> np.ndarray:
         """overlap_comm double-buffers the reduce bucket; ZeRO-3 adds a prefetch bucket (in the

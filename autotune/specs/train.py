@@ -107,6 +107,17 @@ class TrainSpec(BaseModel):
     evenly, so every expert-parallel rank carries the mean load and `moe_load_imbalance` is not
     charged. For throughput benchmarks only (NVIDIA's MoE performance tables run it): the
     model does not learn its routing."""
+    zero3_list_collectives: Annotated[
+        StrictBool, OnlyFor("deepspeed", "DeepSpeed v0.3-v0.5.5's ZeRO-3", owner="DeepSpeed")
+    ] = False
+    """ZeRO-3 as DeepSpeed v0.3.x to v0.5.5 ran it: every parameter all-gather and gradient
+    reduce-scatter went through `torch.distributed`'s list collectives, one tensor per rank
+    (`partition_parameters.py` `_allgather_param`, `_reduce_scatter_gradient`), and PyTorch's
+    `ProcessGroupNCCL` copies each rank's slice out of (all-gather) or into (reduce-scatter)
+    its flat buffer, one copy per rank; v0.5.6 gathers into one tensor (`_all_gather_base`).
+    Each rank of each such collective is charged one eager op (`Constants.eager_op_s`). Off:
+    today's DeepSpeed. For predicting runs of those releases (SC21's ZeRO-3 rows); the
+    rendered config cannot make a newer DeepSpeed do it."""
 
     @model_validator(mode="after")
     def _check_framework_options(self) -> TrainSpec:

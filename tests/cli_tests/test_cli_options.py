@@ -21,7 +21,8 @@ PROBLEM = ["--adam-moments-dtype", "--calibration", "--cluster", "--config",
            "--no-moe-a2a-overlap", "--no-overlap-grad-reduce", "--no-overlap-param-gather",
            "--no-tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather",
            "--precision", "--processes", "--seq", "--space", "--stack",
-           "--tp-comm-overlap", "-c", "-m"]
+           "--tp-comm-overlap", "--zero3-list-collectives", "--no-zero3-list-collectives",
+           "-c", "-m"]
 RUNNER = ["--account", "--command", "--hang-timeout", "--launcher", "--megatron-lm", "--noise",
           "--partition", "--runner", "--seed", "--slurm-opt", "--steps", "--time-limit",
           "--timeout"]

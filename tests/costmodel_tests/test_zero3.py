@@ -12,6 +12,7 @@ from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.estimate import evaluate
 from autotune.costmodel.terms import terms_for
+from autotune.exceptions import AutotuneError
 from autotune.frameworks import framework_of
 from autotune.frameworks.deepspeed import config
 from autotune.layout import Layout
@@ -117,3 +118,32 @@ def test_without_overlap_comm_nothing_hides() -> None:
     floor = _llama70b_moved(32) / (8 * 50e9 * K.comm_efficiency)
     assert _zero3_s(serial, layout) >= floor
     assert _zero3_s(base, layout) < _zero3_s(serial, layout)
+
+
+def test_list_collectives_of_deepspeed_2021_pay_one_copy_per_rank() -> None:
+    """Oracle: DeepSpeed v0.4.0's `partition_parameters.py` (`_allgather_param` gathers into a
+    list of one view per rank; `_reduce_scatter_gradients` reduce-scatters each parameter from a
+    list of one slice per rank) and PyTorch's `ProcessGroupNCCL`, which copies every rank's
+    slice out of (all-gather) or into (reduce-scatter) its flat buffer. Worked out by hand for
+    GPT-3 175B on 64 A100 without overlap_comm and without recompute, one micro-batch: each of
+    the 96 layers gathers its 6 weight tensors (q, k, v, o, up, down) for the forward and again
+    for the backward and reduce-scatters their 6 gradients, 18 list collectives, plus the
+    embedding's gather and reduce-scatter: (96 · 18 + 2) · 64 ranks · eager_op_s (1e-5 s) =
+    1.1072 s more than the same collectives without the copies. Today's DeepSpeed (the flag
+    off) pays none of it; Megatron has no such release."""
+    base = load_config("gpt3-175b", "dgx-a100:8", framework="deepspeed", seq_length=2048,
+                       global_batch_size=64, overlap_grad_reduce=False)
+    old = base.model_copy(update={"train": base.train.model_copy(
+        update={"zero3_list_collectives": True})})
+    layout = Layout.parse("zero=3,mbs=1,recompute=none", 64, 64, framework_of(base))
+    table = LayoutTable.from_layouts([layout])
+
+    def zero3(cfg, k: Constants) -> float:
+        return float(evaluate(cfg, table, k).time.parts["zero3_gather"][0])
+
+    free = K.model_copy(update={"eager_op_s": 0.0})
+    assert zero3(old, K) - zero3(old, free) == pytest.approx((96 * 18 + 2) * 64 * 1e-5)
+    assert zero3(base, K) == pytest.approx(zero3(base, free))
+    with pytest.raises(AutotuneError, match="zero3_list_collectives True is DeepSpeed"):
+        load_config("gpt3-175b", "dgx-a100:8", seq_length=2048, global_batch_size=64,
+                    zero3_list_collectives=True)
