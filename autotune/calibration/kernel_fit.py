@@ -72,11 +72,6 @@ KERNEL_BOUNDS: dict[str, tuple[float, float]] = {
 }
 """Ranges the microbenchmark fits may move a constant in: the fields' physical ranges (an
 efficiency in (0, 1]), wider than the GPU-plausible `FIT_BOUNDS` of the step-time fit."""
-CPU_GEMM_BOUNDS = {"gemm_efficiency": (1e-3, 2.0)}
-"""CPU workers' peak is a measured rate (the screening GEMM's fastest round,
-`measured_figures`), not a ceiling: the curve x / (x + gemm_half_size) reaches its top only
-at infinite size while a core's rate levels off within a few hundred, so the top may lie
-above that rate."""
 OP_BANDWIDTH = {"all_gather_bandwidth": ("all_gather",),
                 "reduce_scatter_bandwidth": ("reduce_scatter",),
                 "all_to_all_bandwidth": ("all_to_all", "send_recv")}
@@ -112,15 +107,13 @@ def _residual_stats(predicted: np.ndarray, measured: np.ndarray) -> tuple[float,
 
 
 def _fit(names: Sequence[str], base: Constants, predict: Callable[[Constants], np.ndarray],
-         measured: np.ndarray, weights: np.ndarray | None = None,
-         bounds: dict[str, tuple[float, float]] | None = None
+         measured: np.ndarray, weights: np.ndarray | None = None
          ) -> tuple[Constants, dict[str, FittedConstant], np.ndarray]:
-    """Least squares on log(predicted / measured) over `names`, within KERNEL_BOUNDS (or
-    `bounds` where given); each point's log residual times its weight (default 1)."""
+    """Least squares on log(predicted / measured) over `names`, within KERNEL_BOUNDS; each
+    point's log residual times its weight (default 1)."""
     scale = np.ones(len(measured)) if weights is None else weights
-    ranges = {**KERNEL_BOUNDS, **(bounds or {})}
-    low = np.array([ranges[n][0] for n in names])
-    high = np.array([ranges[n][1] for n in names])
+    low = np.array([KERNEL_BOUNDS[n][0] for n in names])
+    high = np.array([KERNEL_BOUNDS[n][1] for n in names])
     start = np.clip([float(getattr(base, n)) for n in names], low, high)
 
     def constants(x: np.ndarray) -> Constants:
@@ -227,8 +220,7 @@ def fit_kernels(cfg: AutotuneConfig, points: Sequence[Point], base: Constants
             ("gemm_efficiency", "gemm_half_size"), k,
             lambda c: (passes * 2 * m * n * kk / (peak * gemm_efficiency(m, n, kk, c))
                        + sum(first_touch_s(f, c) for f in fresh)), measured,
-            *((gemm_weights(measured), CPU_GEMM_BOUNDS) if cfg.cluster.cpu_processes
-              else (None, None)))
+            gemm_weights(measured) if cfg.cluster.cpu_processes else None)
         fitted.update(found)
         out += _with_prediction(gemms, predicted)
 
