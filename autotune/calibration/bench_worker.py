@@ -8,11 +8,11 @@ nodes)::
 
 The plan (JSON, `microbench.bench_plan`) lists GEMM shapes and dtypes, attention shapes,
 elementwise and copy sizes, the screening GEMM, collective message and group sizes. Every
-worker times its own kernels, all at once as in training; then every worker times the
-screening GEMM in rounds started together; then the group runs each collective (the slowest rank's
-time counts, as in nccl-tests) and every link of a ring sends alone. Each worker appends its
-points to `DIR/rank-<r>.jsonl` as it goes (a lost worker leaves what it measured) and ends with
-a `done` record. Under Slurm (`autotune.calibration.slurm_bench`) the rank comes from
+worker times its own kernels, all at once as in training; then every worker times the screening
+GEMM in rounds started together; then the group runs each collective (the slowest rank's time
+counts, as in nccl-tests) and every link of a ring sends alone, in rounds. Each worker appends
+its points to `DIR/rank-<r>.jsonl` as it goes (a lost worker leaves what it measured) and ends
+with a `done` record. Under Slurm (`autotune.calibration.slurm_bench`) the rank comes from
 SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID and the host name from SLURMD_NODENAME. The start
 record carries the worker's software stack (what the calibration file records) and its Slurm
 job id.
@@ -103,18 +103,47 @@ def timed(worker: Worker, fn: Callable[[], Any], budget_s: float, most: int = 50
 
 
 def gemms(worker: Worker, plan: dict[str, Any]) -> None:
-    """Each GEMM shape and dtype: seconds and FLOP/s."""
+    """Each GEMM shape and dtype: seconds and FLOP/s. With `gemm_passes` "training" (CPU
+    workers), each M×N×K is a linear layer as autograd runs it in training: the forward
+    x·Wᵀ and the backward's two transposed GEMMs (the input gradient g·W and the weight
+    gradient gᵀ·x), each into a fresh output (op "linear", 6·M·N·K FLOPs); otherwise the
+    forward `torch.mm` alone (op "mm")."""
+    training = plan.get("gemm_passes") == "training"
     for dtype in plan["dtypes"]:
         for m, n, k in plan["gemms"]:
-            a = torch.randn(m, k, device=worker.device).to(DTYPES[dtype])
-            b = torch.randn(k, n, device=worker.device).to(DTYPES[dtype])
-            def mm(a: torch.Tensor = a, b: torch.Tensor = b) -> None:
-                torch.mm(a, b)
-
-            seconds = timed(worker, mm, plan["budget_s"])
-            worker.write({"kind": "gemm", "op": "mm", "dtype": dtype,
+            if training:
+                fn, flops = _linear(worker, m, n, k, DTYPES[dtype]), 6 * m * n * k
+            else:
+                fn, flops = _mm(worker, m, n, k, DTYPES[dtype]), 2 * m * n * k
+            seconds = timed(worker, fn, plan["budget_s"])
+            worker.write({"kind": "gemm", "op": "linear" if training else "mm", "dtype": dtype,
                           "shape": {"m": m, "n": n, "k": k}, "seconds": seconds,
-                          "rate": 2 * m * n * k / seconds})
+                          "rate": flops / seconds})
+
+
+def _mm(worker: Worker, m: int, n: int, k: int, dtype: torch.dtype) -> Callable[[], None]:
+    """The forward GEMM: [m, k] × [k, n] into a fresh output."""
+    a = torch.randn(m, k, device=worker.device).to(dtype)
+    b = torch.randn(k, n, device=worker.device).to(dtype)
+
+    def forward() -> None:
+        torch.mm(a, b)
+
+    return forward
+
+
+def _linear(worker: Worker, m: int, n: int, k: int, dtype: torch.dtype) -> Callable[[], None]:
+    """A linear layer of k inputs and n outputs on m tokens, forward and backward
+    (`torch.nn.functional.linear`, `torch.autograd.grad`: no gradient accumulates)."""
+    x = torch.randn(m, k, device=worker.device).to(dtype).requires_grad_()
+    w = torch.randn(n, k, device=worker.device).to(dtype).requires_grad_()
+    g = torch.randn(m, n, device=worker.device).to(dtype)
+
+    def step() -> None:
+        y = torch.nn.functional.linear(x, w)
+        torch.autograd.grad(y, (x, w), g)
+
+    return step
 
 
 SCREEN_ROUND_S = 0.03
@@ -326,36 +355,39 @@ def collectives(worker: Worker, plan: dict[str, Any]) -> None:
 
 
 def links(worker: Worker, plan: dict[str, Any]) -> None:
-    """Send/recv over every link of the ring r -> r+1, one link at a time; the receiver
-    writes its time (the send completes when the data has arrived). CPU workers compute
-    before each send or receive (`busy_work`), as the pipeline's stages do."""
+    """Send/recv over every link of the ring r -> r+1, one link at a time, in rounds: each
+    round sends once over every link in turn (a barrier before each send), so a slow spell of
+    the host falls on all links alike, as the screening GEMM's rounds do for the workers. The
+    receiver writes its median time and each round's rate (`Point.repeats`; the send
+    completes when the data has arrived). CPU workers compute before each send or receive
+    (`busy_work`), as the pipeline's stages do."""
     if worker.world < 2:
         return
     before = busy_work(worker, float(plan.get("busy_s", 0.0)))
-    for src in range(worker.world):
-        dst = (src + 1) % worker.world
-        for nbytes in plan["message_bytes"]:
-            buffer = torch.ones(max(1, nbytes // 4), device=worker.device)
-            repeats = plan["collective_repeats"]
-            dist.barrier()
-            if worker.rank not in (src, dst):
-                continue
-            peer = dst if worker.rank == src else src
-            move = dist.send if worker.rank == src else dist.recv
-            move(buffer, peer)  # warm-up
-            times = []
-            for _ in range(repeats):
+    ring = [(src, (src + 1) % worker.world) for src in range(worker.world)]
+    for nbytes in plan["message_bytes"]:
+        buffer = torch.ones(max(1, nbytes // 4), device=worker.device)
+        times: dict[int, list[float]] = {src: [] for src, _ in ring}
+        for round_ in range(plan["collective_repeats"] + 1):  # the first round warms up
+            for src, dst in ring:
+                dist.barrier()
+                if worker.rank not in (src, dst):
+                    continue
+                move = dist.send if worker.rank == src else dist.recv
                 before()
                 start, waited = time.perf_counter(), worker.waited()
-                move(buffer, peer)
+                move(buffer, dst if worker.rank == src else src)
                 worker.sync()
                 wall = time.perf_counter() - start
-                times.append(max(wall - (worker.waited() - waited), 1e-3 * wall))
+                if round_:
+                    times[src].append(max(wall - (worker.waited() - waited), 1e-3 * wall))
+        for src, dst in ring:
             if worker.rank == dst:
-                seconds = statistics.median(times)
                 worker.write({"kind": "send", "op": "send_recv", "dtype": "fp32",
                               "shape": {"bytes": nbytes}, "ranks": [src, dst],
-                              "seconds": seconds, "rate": nbytes / seconds})
+                              "seconds": statistics.median(times[src]),
+                              "rate": nbytes / statistics.median(times[src]),
+                              "repeats": [nbytes / t for t in times[src]]})
     dist.barrier()
 
 

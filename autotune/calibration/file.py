@@ -174,6 +174,9 @@ class Screening(BaseModel):
     """Median worker GEMM rate of each node (several nodes only), against the other nodes."""
     links: list[WorkerRate] = Field(default_factory=list)
     """Bandwidth of each measured link (largest message)."""
+    link_noise: float = Field(default=0.0, ge=0)
+    """Fraction below its peers that the links' timing noise alone can give (twice the median
+    of their `spread`s); a link is named only further below than this and `margin`."""
 
     def slow(self) -> list[str]:
         """One line per slow node, slow worker (on a node not named) or slow link."""
@@ -197,11 +200,13 @@ class Screening(BaseModel):
                                   if worker.spread >= 0.005 else "")
                 )
         for link in self.links:
-            if link.relative < 1 - self.margin:
+            if link.relative < 1 - max(self.margin, self.link_noise):
                 lines.append(
                     f"link {link.ranks[0]}->{link.ranks[1]} from {link.host or '?'}"
                     f"{' (across nodes)' if link.across_nodes else ''}: {link.rate / 1e9:.3g} "
                     f"GB/s, {1 - link.relative:.0%} below the median of its peers"
+                    + (f" (its rounds vary by {link.spread:.0%})" if link.spread >= 0.005
+                       else "")
                 )
         return lines
 

@@ -107,8 +107,11 @@ def _residual_stats(predicted: np.ndarray, measured: np.ndarray) -> tuple[float,
 
 
 def _fit(names: Sequence[str], base: Constants, predict: Callable[[Constants], np.ndarray],
-         measured: np.ndarray) -> tuple[Constants, dict[str, FittedConstant], np.ndarray]:
-    """Least squares on log(predicted / measured) over `names`, within KERNEL_BOUNDS."""
+         measured: np.ndarray, weights: np.ndarray | None = None
+         ) -> tuple[Constants, dict[str, FittedConstant], np.ndarray]:
+    """Least squares on log(predicted / measured) over `names`, within KERNEL_BOUNDS; each
+    point's log residual times its weight (default 1)."""
+    scale = np.ones(len(measured)) if weights is None else weights
     low = np.array([KERNEL_BOUNDS[n][0] for n in names])
     high = np.array([KERNEL_BOUNDS[n][1] for n in names])
     start = np.clip([float(getattr(base, n)) for n in names], low, high)
@@ -117,7 +120,7 @@ def _fit(names: Sequence[str], base: Constants, predict: Callable[[Constants], n
         return base.model_copy(update=dict(zip(names, map(float, x), strict=True)))
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        ratio: np.ndarray = np.log(np.maximum(predict(constants(x)), 1e-30) / measured)
+        ratio: np.ndarray = np.log(np.maximum(predict(constants(x)), 1e-30) / measured) * scale
         return ratio
 
     result = least_squares(residuals, start, bounds=(low, high), x_scale="jac")
@@ -141,17 +144,23 @@ def _with_prediction(points: list[Point], predicted: np.ndarray) -> list[Point]:
 
 def measured_figures(cfg: AutotuneConfig, points: Sequence[Point]) -> AutotuneConfig:
     """For CPU workers: the cluster with the measured figures (peak of the training dtype =
-    fastest GEMM, HBM = fastest elementwise, link = fastest collective bus bandwidth); GPUs keep
-    their datasheet."""
+    the workers' median fastest screening round, the n³ GEMM into a kept output that
+    `autotune.specs.inputs.cpu_matmul_tflops` times without a calibration, else the fastest
+    GEMM; HBM = fastest elementwise; link = fastest collective bus bandwidth); GPUs keep
+    their datasheet. The GEMM and attention efficiencies are fitted against that peak: a
+    linear layer's forward and backward into fresh outputs reach a fraction of it."""
     if not cfg.cluster.cpu_processes:
         return cfg
     precision = cfg.train.precision
     gemm = [p.rate for p in points if p.kind == "gemm" and p.dtype == precision]
+    screens = [max(p.repeats or [p.rate]) for p in points
+               if p.kind == "screen" and p.dtype == precision]
     memory = [p.rate for p in points if p.kind == "elementwise"]
     gpu = cfg.cluster.gpu
     update: dict[str, Any] = {}
-    if gemm:
-        update["peak_tflops"] = {**gpu.peak_tflops, precision: max(gemm) / 1e12}
+    if screens or gemm:
+        peak = statistics.median(screens) if screens else max(gemm)
+        update["peak_tflops"] = {**gpu.peak_tflops, precision: peak / 1e12}
     if memory:
         update["hbm_tb_s"] = max(memory) / 1e12
     cluster: dict[str, Any] = {"gpu": gpu.model_copy(update=update)}
@@ -201,12 +210,17 @@ def fit_kernels(cfg: AutotuneConfig, points: Sequence[Point], base: Constants
     if len(gemms) >= 2:
         m, n, kk = (np.array([p.shape[d] for p in gemms], dtype=float) for d in "mnk")
         measured = np.array([p.seconds for p in gemms])
-        # a CPU worker's fresh output of 32 MiB or more is mapped anew at every call
-        fresh = 4.0 * m * n if cfg.cluster.cpu_processes else np.zeros(len(gemms))
+        passes = np.array([3.0 if p.op == "linear" else 1.0 for p in gemms])
+        # a CPU worker's fresh outputs of 32 MiB or more are mapped anew at every call: the
+        # forward's (m × n) and, for a linear layer's backward, its two gradients' (as
+        # `kernels.layer_times` charges them)
+        cpu = 4.0 if cfg.cluster.cpu_processes else 0.0
+        fresh = [cpu * m * n, cpu * m * kk * (passes > 1), cpu * n * kk * (passes > 1)]
         k, found, predicted = _fit(
             ("gemm_efficiency", "gemm_half_size"), k,
-            lambda c: (2 * m * n * kk / (peak * gemm_efficiency(m, n, kk, c))
-                       + first_touch_s(fresh, c)), measured)
+            lambda c: (passes * 2 * m * n * kk / (peak * gemm_efficiency(m, n, kk, c))
+                       + sum(first_touch_s(f, c) for f in fresh)), measured,
+            gemm_weights(measured) if cfg.cluster.cpu_processes else None)
         fitted.update(found)
         out += _with_prediction(gemms, predicted)
 
@@ -261,6 +275,16 @@ def fit_kernels(cfg: AutotuneConfig, points: Sequence[Point], base: Constants
                     for p in points]
 
 
+def gemm_weights(seconds: np.ndarray) -> np.ndarray:
+    """CPU workers' GEMM points weighted by the square root of their time over the median's:
+    one curve cannot follow both a skinny GEMM whose call overhead dominates (a MoE router's
+    N = 4 experts reaches a tenth of the rate of the others) and the layers' GEMMs where the
+    step's time goes, so the fit follows the time (the router's points weigh about a tenth
+    of the output layer's)."""
+    weights: np.ndarray = np.sqrt(seconds / np.median(seconds))
+    return weights
+
+
 def comm_seconds(cfg: AutotuneConfig, points: Sequence[Point], k: Constants) -> np.ndarray:
     """The model's time of each collective or send point (`autotune.costmodel.collectives`)."""
     per_node = np.array([float(cfg.cluster.gpus_per_node)])
@@ -309,7 +333,9 @@ def screen(points: Sequence[Point], hosts: dict[int, str],
     workers), per-link send bandwidth at the largest message; each relative to the median of
     its peers (a node: the other nodes; a link between nodes: the other links between nodes).
     A worker below its peers by less than twice the workers' median spread is not named
-    (`Screening.noise`): two equal workers timed with 10 % noise differ by that much."""
+    (`Screening.noise`): two equal workers timed with 10 % noise differ by that much; a link
+    likewise by less than twice the links' median spread over their rounds
+    (`Screening.link_noise`)."""
     repeats = worker_repeats(points)
     workers = []
     noise = 0.0
@@ -324,17 +350,24 @@ def screen(points: Sequence[Point], hosts: dict[int, str],
     nodes = _nodes(workers)
     sends = [p for p in points if p.kind == "send"]
     links = []
+    link_noise = 0.0
     if sends:
         biggest = max(p.shape["bytes"] for p in sends)
-        rates = {tuple(p.ranks): p.rate for p in sends if p.shape["bytes"] == biggest}
+        # each link's rounds as the workers' (a file without rounds: its one rate, no spread)
+        timed = {tuple(p.ranks): screening_rate(p.repeats) if p.repeats else (p.rate, 0.0)
+                 for p in sends if p.shape["bytes"] == biggest}
+        rates = {key: rate for key, (rate, _) in timed.items()}
+        link_noise = 2 * statistics.median(spread for _, spread in timed.values())
 
         def across(key: tuple[int, ...]) -> bool:  # links between nodes have their own peers
             return len({hosts.get(r, "") for r in key}) > 1
 
         links = [WorkerRate(ranks=list(key), host=hosts.get(key[0], ""), rate=rate,
-                            relative=rel, across_nodes=across(key)) for (key, rate), rel
+                            relative=rel, spread=timed[key][1], across_nodes=across(key))
+                 for (key, rate), rel
                  in zip(rates.items(), _relative(rates, across).values(), strict=True)]
-    return Screening(margin=margin, noise=noise, workers=workers, nodes=nodes, links=links)
+    return Screening(margin=margin, noise=noise, workers=workers, nodes=nodes, links=links,
+                     link_noise=link_noise)
 
 
 def _nodes(workers: Sequence[WorkerRate]) -> list[WorkerRate]:

@@ -125,6 +125,7 @@ def bench_plan(cfg: AutotuneConfig, layouts: LayoutTable, *, budget_s: float = 0
     return {
         "gemms": [list(shape) for shape in shapes],
         "dtypes": dtypes,
+        "gemm_passes": "training" if cpu else "forward",
         "attention": attention,
         "attention_dtype": "fp32" if cpu else "bf16",
         "elementwise_bytes": sorted({max(4096, a) for a in activation}

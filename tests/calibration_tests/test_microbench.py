@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from autotune.calibration import bench_worker
 from autotune.calibration.calibrate import calibrate_cluster
@@ -28,6 +29,7 @@ from autotune.calibration.file import Point
 from autotune.calibration.kernel_fit import OP_BANDWIDTH
 from autotune.calibration.kernel_fit import comm_seconds
 from autotune.calibration.kernel_fit import fit_kernels
+from autotune.calibration.kernel_fit import measured_figures
 from autotune.calibration.kernel_fit import screen
 from autotune.calibration.microbench import SCREEN_CPU
 from autotune.calibration.microbench import SCREEN_GPU
@@ -107,21 +109,28 @@ def _on_one_core() -> Iterator[None]:
 def test_two_equal_workers_are_not_named_a_slowed_one_is(cpu_cfg, tmp_path: Path) -> None:
     """Two workers of the same code and threads on one core, timing the screening GEMM only:
     neither is named, and each is within the noise bar of the other (a false alarm here was
-    `27% below the median of its peers` with the three-shape rule). The same plan with worker 1
-    on SSE4.2 names worker 1, so the silence is the rule's, not a screening that never names."""
+    `27% below the median of its peers` with the three-shape rule). Their two links (0->1,
+    1->0, timed in interleaved rounds) are not named either (a false alarm was `link 1->0 ...
+    21% below the median of its peers`). The same plan with worker 1 on SSE4.2 names worker
+    1, so the silence is the rule's, not a screening that never names. (One link cannot be
+    slowed alone here: both directions run through the same two processes and the loopback
+    device; `test_a_gap_within_the_links_noise_is_not_named` works the link rule by hand.)"""
     plan = _small_plan(gemms=[], attention=[], elementwise_bytes=[], group_sizes=[],
-                       message_bytes=[])
+                       message_bytes=[1 << 20], collective_repeats=9)
     with _on_one_core():
         equal = calibrate_cluster(cpu_cfg, LAYOUTS, tmp_path / "equal", threads=1, plan=plan)
-        slowed = calibrate_cluster(cpu_cfg, LAYOUTS, tmp_path / "slowed", threads=1, plan=plan,
+        slowed = calibrate_cluster(cpu_cfg, LAYOUTS, tmp_path / "slowed", threads=1,
+                                   plan={**plan, "message_bytes": []},
                                    worker_env={1: {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}})
     screening = equal.screening
     assert [len(w.ranks) for w in screening.workers] == [1, 1]
     assert all(len(p.repeats) == SCREEN_CPU["rounds"] for p in equal.points
                if p.kind == "screen")
+    assert [len(p.repeats) for p in equal.points if p.kind == "send"] == [9, 9]
     assert screening.slow() == [], screening
     assert min(w.relative for w in screening.workers) >= 1 - max(screening.margin,
                                                                  screening.noise)
+    assert sorted(link.ranks for link in screening.links) == [[0, 1], [1, 0]]
     assert [line.split(":")[0] for line in slowed.screening.slow()] == ["worker 1 on "
                                                                         + equal.devices[1].host]
 
@@ -144,6 +153,28 @@ def test_a_gap_within_the_workers_noise_is_not_named() -> None:
     noisy = [80.0, 90.0, 100.0, 110.0, 120.0]
     quiet = screen([_rounds(0, noisy), _rounds(1, [0.75 * r for r in noisy])], {})
     assert abs(quiet.noise - 0.4) < 1e-12 and quiet.slow() == []
+
+
+def _sends(src: int, rates: list[float]) -> Point:
+    return Point(kind="send", op="send_recv", dtype="fp32", shape={"bytes": 1 << 20},
+                 ranks=[src, (src + 1) % 3], seconds=1.0, rate=1.0, repeats=rates)
+
+
+def test_a_gap_within_the_links_noise_is_not_named() -> None:
+    """By hand, the workers' rule on three links: rounds 1.6, 1.8, 2.0, 2.2, 2.4 GB/s give a
+    rate of 2.2 (median of the faster three) and a spread of (2.2 - 1.8) / 2.0 = 20 %; a
+    link at 0.79 times them is 21 % below its peers (the validation's false alarm), inside
+    the noise bar of 2 × 20 % = 40 %: not named. At 0.5 times them (50 % below), past the
+    margin and the bar: named, with its spread."""
+    rounds = [1.6e9, 1.8e9, 2.0e9, 2.2e9, 2.4e9]
+    equal = screen([_sends(0, rounds), _sends(1, rounds), _sends(2, [0.79 * r for r in rounds])],
+                   {})
+    assert equal.links[0].rate == 2.2e9 and abs(equal.links[0].spread - 0.2) < 1e-12
+    assert abs(equal.link_noise - 0.4) < 1e-12 and equal.slow() == []
+    slow = screen([_sends(0, rounds), _sends(1, rounds), _sends(2, [0.5 * r for r in rounds])],
+                  {})
+    assert slow.slow() == ["link 2->0 from ?: 1.1 GB/s, 50% below the median of its peers "
+                           "(its rounds vary by 20%)"]
 
 
 def test_lost_worker_is_named_and_its_points_kept(cpu_cfg, tmp_path: Path) -> None:
@@ -290,3 +321,60 @@ def test_screening_a_device_slower_than_planned_times_a_smaller_gemm(tmp_path: P
     record = json.loads((tmp_path / "rank-0.jsonl").read_text().splitlines()[-1])
     assert record["kind"] == "screen" and len(record["repeats"]) == SCREEN_GPU["rounds"]
     assert 256 <= record["shape"]["n"] < SCREEN_GPU["n"] and record["rate"] > 0
+
+
+def test_cpu_gemm_point_runs_a_training_linear_layer() -> None:
+    """Oracle: torch's FlopCounterMode over a real `nn.Linear` forward and `backward()` (what
+    a training step runs for each projection). The CPU worker's linear point does the same
+    GEMMs (6·M·N·K FLOPs, three `mm`: the forward and both gradients), the GPU plan's forward
+    `mm` a third of them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    m, n, k = 64, 48, 32
+    layer = torch.nn.Linear(k, n, bias=False)
+    x = torch.randn(m, k, requires_grad=True)
+    with FlopCounterMode(display=False) as training:
+        layer(x).backward(torch.randn(m, n))
+    worker = bench_worker.Worker.__new__(bench_worker.Worker)
+    worker.device = torch.device("cpu")
+    with FlopCounterMode(display=False) as linear:
+        bench_worker._linear(worker, m, n, k, torch.float32)()
+    with FlopCounterMode(display=False) as forward:
+        bench_worker._mm(worker, m, n, k, torch.float32)()
+    assert linear.get_total_flops() == training.get_total_flops() == 6 * m * n * k
+    assert forward.get_total_flops() == 2 * m * n * k
+    assert bench_plan(load_config("tiny-gpt", "local", framework="deepspeed", processes=2),
+                      LAYOUTS)["gemm_passes"] == "training"
+
+
+def test_cpu_gemm_fit_recovers_known_constants_against_the_screening_peak(cpu_cfg) -> None:
+    """Oracle: CPU linear-layer points generated from known constants by hand (forward plus
+    both gradients at 3 × 2·M·N·K FLOPs, each fresh output of 32 MiB or more paying its first
+    touch at 0.5 s/GB), against a peak of 90 GFLOP/s read off two workers' screening rounds
+    (each worker's fastest round, their median: 90). The peak is that figure; with 2 % noise
+    the fit gives gemm_efficiency 0.8 back within 5 % and every point's noiseless time within
+    6 % (gemm_half_size within 20 %: the time-weighted fit leans on the large GEMMs, the
+    small ones miss most), no constant on a bound."""
+    rng = np.random.default_rng(2)
+    peak, efficiency, half, touch = 90e9, 0.8, 150.0, 0.5e-9
+    points = [Point(kind="screen", op="mm", dtype="fp32", shape={"m": 512, "n": 512, "k": 512},
+                    ranks=[r], seconds=1.0, rate=1.0, repeats=rounds)
+              for r, rounds in ((0, [80e9, 88e9, 85e9]), (1, [92e9, 70e9, 91e9]))]
+    truth = []
+    for m, n, k in [(256, 256, 128), (512, 768, 256), (2048, 256, 768), (64, 512, 256),
+                    (2048, 8192, 256), (128, 128, 128), (1024, 1536, 256), (4096, 8192, 256)]:
+        x = (m * n * k) ** (1 / 3)
+        fresh = sum(4 * a * b for a, b in ((m, n), (m, k), (n, k)) if 4 * a * b >= 32 << 20)
+        truth.append(6 * m * n * k / (peak * efficiency * x / (x + half)) + fresh * touch)
+        points.append(Point(kind="gemm", op="linear", dtype="fp32",
+                            shape={"m": m, "n": n, "k": k}, ranks=[0],
+                            seconds=truth[-1] * (1 + rng.normal(0, 0.02)), rate=1.0))
+    measured = measured_figures(cpu_cfg, points)
+    assert measured.cluster.gpu.peak_tflops["fp32"] == pytest.approx(0.09)
+    base = constants_for(cpu_cfg.cluster.gpu).model_copy(update={"first_touch_s_per_gb": 0.5})
+    fitted, predicted = fit_kernels(measured, points, base)
+    assert fitted["gemm_efficiency"].value == pytest.approx(efficiency, rel=0.05)
+    assert fitted["gemm_half_size"].value == pytest.approx(half, rel=0.2)
+    assert [p.predicted_s for p in predicted if p.kind == "gemm"] == pytest.approx(truth,
+                                                                                   rel=0.06)
+    assert not fitted["gemm_efficiency"].at_bound and not fitted["gemm_half_size"].at_bound
