@@ -180,7 +180,8 @@ def test_a_gap_within_the_links_noise_is_not_named() -> None:
 def test_lost_worker_is_named_and_its_points_kept(cpu_cfg, tmp_path: Path) -> None:
     """Worker 1 is killed (SIGKILL) once both workers wrote a point: the run ends incomplete,
     names worker 1 and the signal, and keeps the points both workers wrote."""
-    many = _small_plan(gemms=[[512, 512, 512]] * 40, budget_s=0.05)
+    # far more points than a loaded host finishes before the killer's first look (40 did once)
+    many = _small_plan(gemms=[[512, 512, 512]] * 400, budget_s=0.05)
 
     def kill_worker_1() -> None:
         deadline = time.monotonic() + 60
