@@ -28,7 +28,7 @@ by `ROW_SD` (structure the fit cannot see, e.g. fragmentation growing with the p
 much is learned from the trials' own out-of-sample misses, per memory family (recompute mode
 and state family; `row_sd`: each measured peak against the need the trials before it
 predicted, shrunk towards `ROW_SD`): a measured family's layouts are charged its own misses,
-an unmeasured family's the misses of the families' first peaks, so a ZeRO-3 peak 28 % above
+an unmeasured family's the misses of the families' first peaks, so a ZeRO-3 peak 33 % above
 its prior need makes the untried families risky, not the layouts beside well-predicted ZeRO-1
 peaks. An OOM below a peak that fitted raises its family's need: the state family's factor
 where only its recompute mode has a measured peak (an offloaded layout's staging buffers),
@@ -410,7 +410,7 @@ def row_sd(
       misses with `ROW_SD_WEIGHT` pseudo-misses of the within σ, an unmeasured family the
       larger of within and first.
 
-    A ZeRO-3 peak 28 % above the prior need says its untried neighbours and the untried
+    A ZeRO-3 peak 33 % above the prior need says its untried neighbours and the untried
     families may miss by that much, not that a ZeRO-1 layout beside a ZeRO-1 peak the model
     predicted within 5 % does."""
     misses: list[float] = []
