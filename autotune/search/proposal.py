@@ -275,8 +275,9 @@ class Proposer:
             parts = self.parts.take(np.zeros(0, dtype=int))
         status = np.array([o.status for o in outcomes], dtype=object)
         peak = np.array([o.peak_bytes or np.nan for o in outcomes], dtype=float)
-        sd = row_sd(self.cfg, self.base, parts, status, peak)
-        return fit_memory(self.cfg, self.base, parts, status, peak, sd)
+        within, by_family = row_sd(self.cfg, self.base, parts, status, peak)
+        return fit_memory(self.cfg, self.base, parts, status, peak, within,
+                          family_sd=by_family)
 
     def belief(self, outcomes: Sequence[Outcome]) -> Belief:
         """Mean and σ of every row's log tokens/s: constants fit, term scales, residuals (their
