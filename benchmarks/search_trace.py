@@ -76,7 +76,7 @@ def main() -> None:
         i = proposer.index[layout.id]
         p_fits = proposer.memory_and_fit(outcomes)[1]
         p_fit = float(p_fits[i])
-        best_fit = f"{p_fits[best]:.2f} / {proposer.bar(outcomes)[best]:.2f}"
+        best_fit = f"{p_fits[best]:.2f} / {proposer.bar(outcomes):.2f}"
         m = truth.measure(layout)
         outcomes.append(Outcome(layout, m.status, m.step_time_s, m.peak_memory_bytes,
                                 m.step_time_spread))

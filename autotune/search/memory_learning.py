@@ -25,9 +25,14 @@ with unknown constraints"): an OOM lowers L or raises the factors of layouts lik
 proportion to how well each explains it, so an OOM in a ZeRO-3 layout costs ZeRO-3's
 neighbours more probability of fitting than other families'. A new layout's need also misses
 by `ROW_SD` (structure the fit cannot see, e.g. fragmentation growing with the pipeline); how
-much is learned from the trials' own out-of-sample misses (`row_sd`: each measured peak
-against the need the trials before it predicted, shrunk towards `ROW_SD`), so where the
-memory model misses a structure by 15 % the layouts near the limit are charged that risk.
+much is learned from the trials' own out-of-sample misses, per memory family (recompute mode
+and state family; `row_sd`: each measured peak against the need the trials before it
+predicted, shrunk towards `ROW_SD`): a measured family's layouts are charged its own misses,
+an unmeasured family's the misses of the families' first peaks, so a ZeRO-3 peak 33 % above
+its prior need makes the untried families risky, not the layouts beside well-predicted ZeRO-1
+peaks. An OOM below a peak that fitted raises its family's need: the state family's factor
+where only its recompute mode has a measured peak (an offloaded layout's staging buffers),
+the recompute mode's where only the state family has one, half each otherwise.
 `MemoryFit.p_fit` is the probability that a layout fits (`p_fit_beside_oom` beside an OOM of
 its grid, whose miss it shares); the proposer charges it in the
 acquisition (an OOM is a trial spent) and proposes only layouts likely enough to fit
@@ -117,6 +122,12 @@ class MemoryParts:
             state_family(table),
         )
 
+    def memory_family(self) -> np.ndarray:
+        """Memory family of each row: its recompute mode and model-state family (the
+        corrections the fit has for it)."""
+        codes: np.ndarray = self.family * STATE_FAMILIES + self.state_codes()
+        return codes
+
     def state_codes(self) -> np.ndarray:
         """Model-state family of each row (0 where none is given)."""
         if self.states is None:
@@ -166,7 +177,11 @@ class MemoryFit:
     weights: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     """Posterior probability of each grid point."""
     row_sd: float = ROW_SD
-    """Relative σ a layout's need misses by (`ROW_SD`, or learned by `row_sd`)."""
+    """Relative σ a layout's need misses by where its memory family has a measured peak
+    (`ROW_SD`, or learned by `row_sd`)."""
+    family_sd: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    """Relative σ a layout's need misses by, per memory family (`MemoryParts.memory_family`;
+    `row_sd`); empty: `row_sd` for every layout."""
     draws: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0)))
     """Joint posterior draws of the need's parameters (rows: `mean`'s order)."""
     limit_draws_gib: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
@@ -179,15 +194,24 @@ class MemoryFit:
         sd = np.sqrt(np.einsum("ij,jk,ik->i", x, self.cov, x)) * GIB
         return mean, sd
 
+    def miss_sd(self, parts: MemoryParts) -> np.ndarray:
+        """Relative σ each layout's need misses by: its memory family's `family_sd`
+        (`row_sd` where none is given)."""
+        if not len(self.family_sd):
+            return np.full(len(parts.fixed), self.row_sd)
+        sd: np.ndarray = self.family_sd[parts.memory_family()]
+        return sd
+
     def p_fit(self, parts: MemoryParts) -> np.ndarray:
         """Probability that each layout fits: its need (each joint draw of the parameters and
-        the limit, and the `row_sd` it misses by) below the limit."""
+        the limit, and the `miss_sd` it misses by) below the limit."""
         x = parts.design()
+        miss = self.miss_sd(parts)
         p: np.ndarray = np.zeros(len(x))
         for start in range(0, len(x), 2048):
             rows = slice(start, start + 2048)
             need = parts.fixed[rows, None] / GIB + x[rows] @ self.draws.T
-            sd = self.row_sd * np.maximum(need, 1e-3)
+            sd = miss[rows, None] * np.maximum(need, 1e-3)
             p[rows] = ndtr((self.limit_draws_gib[None, :] - need) / sd).mean(axis=1)
         return p
 
@@ -254,12 +278,14 @@ def fit_memory(
     peak: np.ndarray,
     row_sd: float = ROW_SD,
     joint: bool = True,
+    family_sd: np.ndarray | None = None,
 ) -> MemoryFit:
     """Fit the correction to trials (`parts` of their layouts, `status`, measured `peak` or nan).
 
     `ok` trials with a peak enter the regression and say the limit is above their peak; `ok`
     trials without one say their need fitted; `oom` trials say theirs did not. `row_sd` is the
-    relative σ of a new layout's need (`row_sd`). `joint`: the OOMs weigh the parameters too
+    relative σ of a new layout's need, `family_sd` the same per memory family (None: `row_sd`
+    for all; both from `row_sd`). `joint`: the OOMs weigh the parameters too
     (the joint posterior `p_fit` draws from); without it only the measured peaks do.
     """
     prior_mean = np.zeros(FAMILIES + STATE_FAMILIES + 3)
@@ -284,14 +310,20 @@ def fit_memory(
     if measured.any() and len(oom):  # an OOM below a level that fitted: its family needs more
         level = float(peak[measured].max()) / GIB
         need, _ = fit.need(parts.take(oom))
-        mean = mean.copy()
+        raised = mean.copy()
+        codes = parts.state_codes()
         for j, i in enumerate(oom):
-            if need[j] / GIB * (1 - OOM_GAP) >= level or parts.activation[i] <= 0:
+            deficit = level / (1 - OOM_GAP) - need[j] / GIB
+            if deficit <= 0:
                 continue
-            wanted = (level / (1 - OOM_GAP) - parts.fixed[i] / GIB - offset) / (
-                parts.activation[i] / GIB)
-            family = 1 + int(parts.family[i])
-            mean[family] = max(mean[family], wanted - mean[0])
+            share = oom_states_share(parts.family[i] in parts.family[measured],
+                                     codes[i] in codes[measured], parts.activation[i] > 0)
+            a, b = 1 + int(parts.family[i]), 2 + FAMILIES + int(codes[i])
+            raised[a] = max(raised[a], mean[a] + (1 - share) * deficit * GIB
+                            / max(float(parts.activation[i]), 1.0))
+            raised[b] = max(raised[b], mean[b] + share * deficit * GIB
+                            / max(float(parts.fixed[i]), 1.0))
+        mean = raised
         fit = dataclasses.replace(fit, mean=mean)
     base = (usable_gpu_bytes(cfg, k) - k.runtime_memory_gib * GIB) / GIB + offset
     grid = base + PRIOR_LIMIT_SD_GIB * np.linspace(-6.0, 6.0, GRID)
@@ -333,7 +365,23 @@ def fit_memory(
                                cov=post_cov if joint else cov, limit_bytes=limit * GIB,
                                reserve_bytes=reserve, limit_sd_bytes=limit_sd * GIB,
                                limits_gib=grid, weights=weights, row_sd=row_sd,
+                               family_sd=np.zeros(0) if family_sd is None else family_sd,
                                draws=theta[pick // GRID], limit_draws_gib=grid[pick % GRID])
+
+
+def oom_states_share(recompute_measured: bool, states_measured: bool,
+                     has_activations: bool) -> float:
+    """The share of an OOM's missing memory (below a peak that fitted) its model-state
+    family takes; its recompute mode's activations take the rest. The family without a
+    measured peak is the likelier culprit: an offloaded layout that runs out beside measured
+    peaks of its recompute mode says the offload's staging buffers are larger, not that the
+    activations are (its neighbours without recompute would run out too); where both or
+    neither have a peak, half each."""
+    if not has_activations:
+        return 1.0
+    if recompute_measured == states_measured:
+        return 0.5
+    return 1.0 if recompute_measured else 0.0
 
 
 def p_fit_needed(base: float, ooms: int) -> float:
@@ -350,16 +398,41 @@ def row_sd(
     parts: MemoryParts,
     status: np.ndarray,
     peak: np.ndarray,
-) -> float:
+) -> tuple[float, np.ndarray]:
     """Relative σ of a layout's need, learned from the trials (in order): each measured peak's
     log miss against the need the fit to the trials before it predicted (prequential, so
-    out of sample), with `ROW_SD_WEIGHT` pseudo-misses of `ROW_SD`."""
-    misses = []
-    for j in np.flatnonzero((status == "ok") & np.isfinite(peak) & (peak > 0)):
+    out of sample). `ROW_SD_WEIGHT` pseudo-misses of `ROW_SD` are behind the first two σ:
+
+    - within: the misses of peaks whose memory family (`MemoryParts.memory_family`) had a
+      measured peak before them (what a layout misses by once its family is fitted);
+    - first: the misses of each family's first peak (what an unmeasured family misses by);
+    - per family (the second value, indexed by memory family): a measured family's own
+      misses with `ROW_SD_WEIGHT` pseudo-misses of the within σ, an unmeasured family the
+      larger of within and first.
+
+    A ZeRO-3 peak 33 % above the prior need says its untried neighbours and the untried
+    families may miss by that much, not that a ZeRO-1 layout beside a ZeRO-1 peak the model
+    predicted within 5 % does."""
+    misses: list[float] = []
+    firsts: list[bool] = []
+    families = parts.memory_family()
+    measured = (status == "ok") & np.isfinite(peak) & (peak > 0)
+    for j in np.flatnonzero(measured):
         before = np.arange(j)
         fit = fit_memory(cfg, k, parts.take(before), status[before], peak[before],
                          joint=False)
         need, _ = fit.need(parts.take(np.array([j])))
         misses.append(float(np.log(peak[j] / need[0])))
-    total = float(np.sum(np.square(misses))) + ROW_SD_WEIGHT * ROW_SD**2
+        firsts.append(families[j] not in families[before][measured[before]])
+    miss, first = np.array(misses), np.array(firsts, dtype=bool)
+    within = _shrunk(miss[~first], ROW_SD)
+    per_family = np.full(FAMILIES * STATE_FAMILIES, max(within, _shrunk(miss[first], ROW_SD)))
+    for f in np.unique(families[measured]):
+        per_family[f] = _shrunk(miss[families[measured] == f], within)
+    return within, per_family
+
+
+def _shrunk(misses: np.ndarray, prior: float) -> float:
+    """RMS of log `misses` with `ROW_SD_WEIGHT` pseudo-misses of `prior`."""
+    total = float(np.sum(np.square(misses))) + ROW_SD_WEIGHT * prior**2
     return float(np.sqrt(total / (len(misses) + ROW_SD_WEIGHT)))

@@ -87,6 +87,8 @@ TIE_GAIN = 0.1
 """Rows whose expected improvement is within this fraction of the best are one choice."""
 P_FIT_WARM = 0.8
 """Probability of fitting a warm-start trial needs (the limit is least known then)."""
+EXPERT_DIMS = ("ep", "etp")
+"""Grid dimensions that split only the experts: the families' second level (`family_keys`)."""
 CONFIDENCE_ROWS = 200
 """Untried rows (the likeliest to win) drawn jointly by `Proposer.confidence`."""
 CONFIDENCE_DRAWS = 1000
@@ -157,10 +159,16 @@ def grid_keys(t: LayoutTable) -> np.ndarray:
     return np.unique(columns, axis=0, return_inverse=True)[1].ravel()
 
 
-def family_keys(t: LayoutTable) -> np.ndarray:
+def family_keys(t: LayoutTable, experts: bool = True) -> np.ndarray:
     """An integer per row naming its structural family (`structure`: tp, pp, cp, ep, etp,
-    recompute, ZeRO family)."""
-    return np.unique(structure(t), axis=0, return_inverse=True)[1].ravel()
+    recompute, ZeRO family); with `experts` False, its expert-free family (ep and etp left
+    out: every (ep, etp) split of one tp·pp·cp grid, recompute and ZeRO family is one)."""
+    codes = structure(t)
+    if not experts:
+        codes = codes[:, [i for i, d in enumerate(d for d in DIMS if d.kind in
+                                                   ("grid", "structure"))
+                          if d.name not in EXPERT_DIMS]]
+    return np.unique(codes, axis=0, return_inverse=True)[1].ravel()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +227,7 @@ class Proposer:
         self.index = {row.id: i for i, row in enumerate(self.rows)}
         self.structure = structure(feasible)
         self.family = family_keys(feasible)
+        self.coarse = family_keys(feasible, experts=False)
         self.grid = grid_keys(feasible)
         self.x = features(feasible)
         values = evaluate(cfg, feasible, constants)
@@ -266,8 +275,9 @@ class Proposer:
             parts = self.parts.take(np.zeros(0, dtype=int))
         status = np.array([o.status for o in outcomes], dtype=object)
         peak = np.array([o.peak_bytes or np.nan for o in outcomes], dtype=float)
-        sd = row_sd(self.cfg, self.base, parts, status, peak)
-        return fit_memory(self.cfg, self.base, parts, status, peak, sd)
+        within, by_family = row_sd(self.cfg, self.base, parts, status, peak)
+        return fit_memory(self.cfg, self.base, parts, status, peak, within,
+                          family_sd=by_family)
 
     def belief(self, outcomes: Sequence[Outcome]) -> Belief:
         """Mean and σ of every row's log tokens/s: constants fit, term scales, residuals (their
@@ -414,11 +424,16 @@ class Proposer:
         turn = len(outcomes) + len(pending)
         ucb = np.where(allowed, mean + BETA * sd, -np.inf)
         # an OOM says nothing about speed: its family stays fresh (at a smaller need now)
-        measured = {self.family[self.index[o.layout.id]] for o in outcomes
-                    if o.layout.id in self.index and o.status != "oom"}
+        ran = [self.index[o.layout.id] for o in outcomes
+               if o.layout.id in self.index and o.status != "oom"]
+        measured = set(self.family[ran])
         fresh = allowed & ~np.isin(self.family, list(measured))
+        # the expert split (ep, etp) is the second level: a tp·pp·cp grid, recompute or ZeRO
+        # family nothing measured comes before another (ep, etp) of a measured one
+        new_grid = fresh & ~np.isin(self.coarse, list(set(self.coarse[ran])))
         if len(measured) < self.warm_start and fresh.any():
-            i = self._warm(fresh, ucb, sd, outcomes, b.noise, turn, p_fit)
+            i = self._warm(new_grid if new_grid.any() else fresh, ucb, sd, outcomes, b.noise,
+                           turn, p_fit)
             return self._proposal(i, "warm-start", mean, need, memory)
         # a trial that runs out of memory measures nothing: expected improvement times the
         # probability of fitting (constrained expected improvement)
@@ -429,6 +444,8 @@ class Proposer:
                 plausible.any():
             i = self._explore(plausible, gain, turn)
             return self._proposal(i, "explore", mean, need, memory)
+        if (overlapping & new_grid).any():
+            overlapping &= new_grid
         if overlapping.any():
             i = self._pick(np.where(overlapping, gain, -np.inf), gain_tie(gain, overlapping),
                            turn, p_fit)

@@ -21,6 +21,7 @@ from autotune.search.memory_learning import ROW_SD_WEIGHT
 from autotune.search.memory_learning import MemoryFit
 from autotune.search.memory_learning import MemoryParts
 from autotune.search.memory_learning import fit_memory
+from autotune.search.memory_learning import oom_states_share
 from autotune.search.memory_learning import p_fit_needed
 from autotune.search.memory_learning import row_sd
 from autotune.search.settings import TuneSettings
@@ -64,17 +65,53 @@ def test_a_layouts_miss_is_learned_from_the_peaks_out_of_sample() -> None:
     rest)."""
     rows = parts([10], [20], [0])
     ok = np.array(["ok"], dtype=object)
-    learned = row_sd(CFG, K, rows, ok, np.array([37.5 * GIB]))
+    within, by_family = row_sd(CFG, K, rows, ok, np.array([37.5 * GIB]))
     assert ROW_SD_WEIGHT == 2.0
-    assert learned == pytest.approx(np.sqrt((np.log(1.25) ** 2 + 2 * ROW_SD**2) / 3), rel=1e-6)
+    # the only peak is its family's first: the within-family σ keeps its prior, the family's
+    # own σ and an unmeasured family's take the miss
+    learned = np.sqrt((np.log(1.25) ** 2 + 2 * ROW_SD**2) / 3)
+    assert within == ROW_SD
+    assert by_family == pytest.approx(np.full(9, learned), rel=1e-6)
     exact = parts([10, 20, 30], [20, 10, 25], [0, 0, 0])
-    assert row_sd(CFG, K, exact, np.array(["ok"] * 3, dtype=object),
-                  exact.fixed + exact.activation) < ROW_SD
+    within, by_family = row_sd(CFG, K, exact, np.array(["ok"] * 3, dtype=object),
+                               exact.fixed + exact.activation)
+    assert within < ROW_SD
+    # the first is predicted exactly by the prior fit: an unmeasured family gets
+    # max(within, sqrt((0 + 2 · 0.03²) / 3))
+    assert by_family[1] == pytest.approx(np.sqrt(2 * ROW_SD**2 / 3), rel=1e-6)
+    assert by_family[0] < by_family[1]
     edge = parts([0.95 * 74.5 - 20], [20], [0])
     sure = fit_memory(CFG, K, rows.take(np.zeros(0, dtype=int)), ok[:0], np.zeros(0))
     unsure = fit_memory(CFG, K, rows.take(np.zeros(0, dtype=int)), ok[:0], np.zeros(0),
-                        learned)
+                        family_sd=np.full(9, learned))
     assert unsure.p_fit(edge)[0] < sure.p_fit(edge)[0] - 0.03
+
+
+def test_a_familys_own_misses_set_its_layouts_risk() -> None:
+    """Oracle: worked by hand. Two ZeRO 0-2 peaks without recompute, the first predicted
+    exactly by the prior fit (need = states + activations), then one full-recompute peak 25 %
+    above it: the first family's σ is its own misses and 2 pseudo-misses of the within σ, the
+    full-recompute family's sqrt((log² 1.25 + 2 within²) / 3), and an unmeasured family
+    (ZeRO-3) the larger of the within σ and the first peaks' sqrt((0 + log² 1.25 + 2 · 0.03²)
+    / 4); the second peak, predicted by the fit to the first, is within its family. At one
+    need (70 GiB, below the 74.5 GiB limit) the layout of the family the model predicted is
+    the likelier to fit."""
+    rows = parts([20, 25, 20], [20, 20, 20], [0, 0, 2])
+    peak = rows.fixed + rows.activation
+    peak[2] *= 1.25
+    within, by_family = row_sd(CFG, K, rows, np.array(["ok"] * 3, dtype=object), peak)
+    assert within < ROW_SD
+    assert by_family[2 * 3] == pytest.approx(np.sqrt((np.log(1.25) ** 2 + 2 * within**2) / 3),
+                                             rel=1e-6)
+    assert by_family[1] == pytest.approx(
+        max(within, np.sqrt((np.log(1.25) ** 2 + 2 * ROW_SD**2) / 4)), rel=1e-6)
+    fit = fit_memory(CFG, K, rows, np.array(["ok"] * 3, dtype=object), peak, within,
+                     family_sd=by_family)
+    probe = MemoryParts(np.array([50.0, 50.0]) * GIB, np.array([20.0, 20.0]) * GIB,
+                        np.array([0, 0]), np.array([0, 1]))
+    assert list(fit.miss_sd(probe)) == [by_family[0], by_family[1]]
+    p = fit.p_fit(probe)
+    assert p[0] > p[1]
 
 
 def test_an_oom_above_every_measured_level_places_the_limit_below_its_need() -> None:
@@ -126,6 +163,29 @@ def test_an_oom_below_a_measured_level_raises_its_familys_factor() -> None:
     assert fit.limit_bytes / GIB > 70
     p_oom, p_smaller, p_ran = fit.p_fit(parts([30, 30, 35], [20, 13, 30], [2, 2, 0]))
     assert p_oom < 0.6 and p_smaller > 0.9 and p_ran > 0.9
+
+
+def test_an_offloaded_oom_beside_measured_peaks_raises_the_offloads_states() -> None:
+    """Oracle: worked by hand. A layout without recompute ran with a 70 GiB peak (40 + 30); an
+    offloaded one of the same recompute mode that the model put at 20 + 30 = 50 GiB ran out:
+    its need is above 70 / 0.97 = 72.2 GiB. Its recompute mode has a measured peak, its
+    model-state family (offload) has none, so the offload's states take the 22.2 GiB: a
+    factor of 1 + 22.2 / 20 = 2.11 at least, while the activations keep about factor 1, and
+    a ZeRO-1 layout of the same model memory (20 + 30) still fits where the offloaded one
+    does not."""
+    assert oom_states_share(True, False, True) == 1.0
+    assert oom_states_share(False, True, True) == 0.0
+    assert oom_states_share(True, True, True) == 0.5
+    rows = MemoryParts(np.array([40.0, 20.0]) * GIB, np.array([30.0, 30.0]) * GIB,
+                       np.array([0, 0]), np.array([0, 2]))
+    peak = np.array([70 * GIB, np.nan])
+    fit = fit_memory(CFG, K, rows, np.array(["ok", "oom"], dtype=object), peak)
+    assert fit.state_factors()[2] > 2.11 - 0.02
+    assert fit.factors()[0] == pytest.approx(1.0, abs=0.1)
+    probe = MemoryParts(np.array([20.0, 20.0]) * GIB, np.array([30.0, 30.0]) * GIB,
+                        np.array([0, 0]), np.array([0, 2]))
+    p_zero1, p_offload = fit.p_fit(probe)
+    assert p_zero1 > 0.9 and p_offload < 0.6
 
 
 def test_before_any_peak_the_states_are_uncertain_too() -> None:

@@ -290,3 +290,44 @@ def test_the_residual_level_follows_the_trials_that_agree() -> None:
     far = np.full((1, 5), -50.0)
     assert process.predict(far)[0][0] == pytest.approx(-0.3, abs=1e-9)
     assert fit_residuals(x[:1], np.array([1.9]), np.zeros(1), 0.2).mean == pytest.approx(0.95)
+
+
+
+def test_a_new_grid_comes_before_another_expert_split_of_a_measured_one() -> None:
+    """Oracle: the definition of the expert-free family, restated here (tp·pp·cp, recompute
+    and ZeRO family 0 | 1-2 | 3, ep and etp left out), and three measurements of
+    `benchmarks/search_trace.py --scenario mixtral-8x22b --seed 0` (Mixtral 8x22B over 32
+    DGX H100, tokens/s as it printed). After them the old warm start ran ep 4, etp 1 of the
+    tp 1, pp 1, full-recompute ZeRO-3 grid it had just measured at ep 4, etp 2 (some rows that
+    differ from a measured one only in (ep, etp) may still run, so the rule can fail); now
+    the fourth trial is another grid, recompute or ZeRO family. Rows equal but for ep and etp
+    share an expert-free family and no full family."""
+    from autotune.search.proposal import Outcome
+    from autotune.search.proposal import Proposer
+    from autotune.search.proposal import family_keys
+
+    cfg = load_config("mixtral-8x22b", "dgx-h100:32")
+    k = constants_for(cfg.cluster.gpu)
+    feasible = enumerate_layouts(cfg, SPACE.resolved(cfg), k).feasible
+    proposer = Proposer(cfg, feasible, k, seed=0)
+    coarse, full = family_keys(feasible, experts=False), family_keys(feasible)
+    ran = [("tp=2,pp=1,cp=1,vpp=1,zero=3,offload=none,mbs=1,recompute=none,sp=on,ep=8,etp=1",
+            48_629),
+           ("tp=4,pp=8,cp=1,vpp=7,zero=1,offload=none,mbs=1,recompute=selective,sp=on,ep=8,"
+            "etp=1", 148_428),
+           ("tp=1,pp=1,cp=1,vpp=1,zero=3,offload=none,mbs=4,recompute=full,sp=off,ep=4,etp=2",
+            289_273)]
+    tokens = float(cfg.train.tokens_per_step)
+    by_text = {row.text: row for row in feasible.rows()}
+    outcomes = [Outcome(by_text[text], "ok", tokens / rate, spread=0.015) for text, rate in ran]
+    measured = [proposer.index[o.layout.id] for o in outcomes]
+    allowed, _, _ = proposer.candidates(outcomes, [])
+    split_only = allowed & np.isin(coarse, coarse[measured]) & ~np.isin(full, full[measured])
+    assert split_only.any()
+    proposal = proposer.propose(outcomes, [])
+    assert proposal is not None and proposal.reason == "warm-start"
+    assert coarse[proposer.index[proposal.layout.id]] not in set(coarse[measured])
+    pairs = LayoutTable.from_layouts([Layout(tp=1, pp=2, dp=8, ep=8, etp=1),
+                                      Layout(tp=1, pp=2, dp=8, ep=4, etp=2)])
+    assert len(set(family_keys(pairs, experts=False).tolist())) == 1
+    assert len(set(family_keys(pairs).tolist())) == 2
