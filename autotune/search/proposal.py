@@ -141,13 +141,15 @@ class Proposal:
         }
 
 
-def structure(t: LayoutTable) -> np.ndarray:
+def structure(t: LayoutTable, experts: bool = True) -> np.ndarray:
     """Integer codes per row of what makes a family, one column per factor: each grid
-    dimension of `autotune.layout.DIMS` (tp, pp, cp, ep, etp), recompute and the ZeRO family
-    (replicated, sharded optimizer/gradients, sharded parameters)."""
+    dimension of `autotune.layout.DIMS` (tp, pp, cp, ep, etp; without `experts`, ep and etp
+    left out), recompute and the ZeRO family (replicated, sharded optimizer/gradients, sharded
+    parameters)."""
     zero_family = np.select([t.zero == 0, t.zero < 3], [0, 1], 2)
     columns = [getattr(t, d.name) if d.name != "zero" else zero_family
-               for d in DIMS if d.kind in ("grid", "structure")]
+               for d in DIMS if d.kind in ("grid", "structure")
+               and (experts or d.name not in EXPERT_DIMS)]
     return np.column_stack(columns)
 
 
@@ -163,12 +165,7 @@ def family_keys(t: LayoutTable, experts: bool = True) -> np.ndarray:
     """An integer per row naming its structural family (`structure`: tp, pp, cp, ep, etp,
     recompute, ZeRO family); with `experts` False, its expert-free family (ep and etp left
     out: every (ep, etp) split of one tp·pp·cp grid, recompute and ZeRO family is one)."""
-    codes = structure(t)
-    if not experts:
-        codes = codes[:, [i for i, d in enumerate(d for d in DIMS if d.kind in
-                                                   ("grid", "structure"))
-                          if d.name not in EXPERT_DIMS]]
-    return np.unique(codes, axis=0, return_inverse=True)[1].ravel()
+    return np.unique(structure(t, experts), axis=0, return_inverse=True)[1].ravel()
 
 
 @dataclasses.dataclass(frozen=True)
