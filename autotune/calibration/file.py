@@ -148,6 +148,10 @@ class WorkerRate(BaseModel):
     across_nodes: bool = False
     """A link between two nodes (its peers are the other links between nodes)."""
 
+    def variation(self) -> str:
+        """" (its rounds vary by X%)" where its rounds' spread is at least 0.5 %, else ""."""
+        return f" (its rounds vary by {self.spread:.0%})" if self.spread >= 0.005 else ""
+
 
 def screening_rate(repeats: Sequence[float]) -> tuple[float, float]:
     """A worker's rate (the median of the faster half of its repeats: interference only slows
@@ -166,8 +170,9 @@ class Screening(BaseModel):
     margin: float = Field(gt=0, lt=1)
     """Fraction below the median that marks a worker or link slow."""
     noise: float = Field(default=0.0, ge=0)
-    """Fraction below its peers that the workers' timing noise alone can give (twice the
-    median of their `spread`s); a worker is named only further below than this and `margin`."""
+    """The workers' timing noise (twice the median of their `spread`s), read as a log-rate
+    gap: equal workers can differ by a factor exp(−noise); a worker is named only below
+    that factor of its peers and below 1 − `margin` (`noise_bar`)."""
     workers: list[WorkerRate] = Field(default_factory=list)
     """GEMM rate of each worker (the screening GEMM's rounds, `Point.repeats`)."""
     nodes: list[WorkerRate] = Field(default_factory=list)
@@ -175,13 +180,19 @@ class Screening(BaseModel):
     links: list[WorkerRate] = Field(default_factory=list)
     """Bandwidth of each measured link (largest message)."""
     link_noise: float = Field(default=0.0, ge=0)
-    """Fraction below its peers that the links' timing noise alone can give (twice the median
-    of their `spread`s); a link is named only further below than this and `margin`."""
+    """The links' timing noise (twice the median of their `spread`s), read as `noise` is."""
+
+    def noise_bar(self, noise: float) -> float:
+        """Relative rate below which a worker or link is named: under 1 − `margin` and under
+        exp(−noise). The noise is a spread of rates, so it bounds a ratio, not a difference:
+        rounds that vary by 40 % (a host with much steal time) still tell a worker at a fifth
+        of its peer's rate, which 1 − 2 × 40 % would not."""
+        return min(1 - self.margin, float(np.exp(-noise)))
 
     def slow(self) -> list[str]:
         """One line per slow node, slow worker (on a node not named) or slow link."""
         lines = []
-        bar = 1 - max(self.margin, self.noise)
+        bar = self.noise_bar(self.noise)
         slow_nodes = {node.host for node in self.nodes if node.relative < bar}
         for node in self.nodes:
             if node.relative < bar:
@@ -196,17 +207,15 @@ class Screening(BaseModel):
                 lines.append(
                     f"worker {worker.ranks[0]} on {worker.host or '?'}: GEMM "
                     f"{worker.rate / 1e12:.3g} TFLOP/s, {1 - worker.relative:.0%} below "
-                    f"{peers}" + (f" (its rounds vary by {worker.spread:.0%})"
-                                  if worker.spread >= 0.005 else "")
+                    f"{peers}{worker.variation()}"
                 )
         for link in self.links:
-            if link.relative < 1 - max(self.margin, self.link_noise):
+            if link.relative < self.noise_bar(self.link_noise):
                 lines.append(
                     f"link {link.ranks[0]}->{link.ranks[1]} from {link.host or '?'}"
                     f"{' (across nodes)' if link.across_nodes else ''}: {link.rate / 1e9:.3g} "
                     f"GB/s, {1 - link.relative:.0%} below the median of its peers"
-                    + (f" (its rounds vary by {link.spread:.0%})" if link.spread >= 0.005
-                       else "")
+                    f"{link.variation()}"
                 )
         return lines
 

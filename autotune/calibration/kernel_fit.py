@@ -342,8 +342,7 @@ def screen(points: Sequence[Point], hosts: dict[int, str],
     if repeats:
         figures: dict[tuple[int, ...], tuple[float, float]] = {
             (r,): screening_rate(values) for r, values in sorted(repeats.items())}
-        rates: dict[tuple[int, ...], float] = {key: rate for key, (rate, _) in figures.items()}
-        noise = 2 * statistics.median(spread for _, spread in figures.values())
+        rates, noise = _rates_and_noise(figures)
         workers = [WorkerRate(ranks=list(key), host=hosts.get(key[0], ""), rate=rates[key],
                               relative=rel, spread=figures[key][1])
                    for key, rel in _relative(rates).items()]
@@ -356,8 +355,7 @@ def screen(points: Sequence[Point], hosts: dict[int, str],
         # each link's rounds as the workers' (a file without rounds: its one rate, no spread)
         timed = {tuple(p.ranks): screening_rate(p.repeats) if p.repeats else (p.rate, 0.0)
                  for p in sends if p.shape["bytes"] == biggest}
-        rates = {key: rate for key, (rate, _) in timed.items()}
-        link_noise = 2 * statistics.median(spread for _, spread in timed.values())
+        rates, link_noise = _rates_and_noise(timed)
 
         def across(key: tuple[int, ...]) -> bool:  # links between nodes have their own peers
             return len({hosts.get(r, "") for r in key}) > 1
@@ -368,6 +366,14 @@ def screen(points: Sequence[Point], hosts: dict[int, str],
                  in zip(rates.items(), _relative(rates, across).values(), strict=True)]
     return Screening(margin=margin, noise=noise, workers=workers, nodes=nodes, links=links,
                      link_noise=link_noise)
+
+
+def _rates_and_noise(figures: dict[tuple[int, ...], tuple[float, float]]
+                     ) -> tuple[dict[tuple[int, ...], float], float]:
+    """Each worker's or link's rate from its (rate, spread), and the noise bar: twice the
+    median spread (two equal peers timed with that noise differ by about as much)."""
+    rates = {key: rate for key, (rate, _) in figures.items()}
+    return rates, 2 * statistics.median(spread for _, spread in figures.values())
 
 
 def _nodes(workers: Sequence[WorkerRate]) -> list[WorkerRate]:
