@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     storage, study, out, trials = argv[0], argv[1], Path(argv[2]), int(argv[3])
     logging.basicConfig(level=logging.INFO, format=f"{os.environ.get('WORKER', '?')} %(message)s")
     sleep_s = os.environ.get("TRIAL_SLEEP_S", "3")
-    runner = CommandRunner(f"sh {HERE / 'fake_trial.sh'} {{layout}} {sleep_s}", timeout_s=120)
+    runner = CommandRunner(f"sh {HERE / 'fake_trial.sh'} {{layout}} {sleep_s}", timeout_s=400)
     options = TuneSettings(trials=trials, storage=storage, study=study,
                            resume="--resume" in argv, render=False)
     result = tune(config(), load_space(str(SPACE_FILE), "megatron"), runner, options, out)

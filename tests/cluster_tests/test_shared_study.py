@@ -3,7 +3,8 @@
 Two `tune` workers (subprocesses, study_worker.py) share one study and one output folder; worker
 B is killed with SIGKILL in the middle of a trial. The study must still end with every layout
 run exactly once: B's trial failed by the heartbeat and retried by A. The PostgreSQL and the
-journal runs go side by side.
+journal runs go side by side. After its first trial, A's trials hold until B has finished one
+(marker files), so a slow start of B on a loaded machine cannot leave it no layout to run.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ LAYOUTS = 8
 
 def _spawn(worker: str, storage: str, study: str, out: Path, resume: bool) -> subprocess.Popen:
     log = (out.parent / f"worker-{worker}.log").open("w")
-    env = {**os.environ, "WORKER": worker, "TRIAL_SLEEP_S": "2"}
+    env = {**os.environ, "WORKER": worker, "TRIAL_SLEEP_S": "2",
+           "MARK_DONE": str(out.parent / f"{worker}-finished-a-trial"),
+           "HOLD_UNTIL": str(out.parent / "B-finished-a-trial")}
     argv = [sys.executable, str(HERE / "study_worker.py"), storage, study, str(out), str(LAYOUTS)]
     return subprocess.Popen([*argv, *(["--resume"] if resume else [])], env=env, stdout=log,
                             stderr=subprocess.STDOUT, cwd=out.parent)
@@ -52,6 +55,7 @@ def _wait(condition, timeout_s: float, what: str, procs: list[subprocess.Popen])
     while not condition():
         for proc in procs:
             assert proc.poll() is None or proc.returncode == 0, f"a worker failed: {proc.args}"
+        assert any(proc.poll() is None for proc in procs), f"every worker ended before {what}"
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(0.2)
@@ -85,7 +89,7 @@ def _share(storage: str, tmp_path: Path) -> tuple[list[FrozenTrial], int]:
         def b_busy_again() -> bool:  # B finished a trial and runs the next one
             return bool(b_trials(TrialState.COMPLETE) and b_trials(TrialState.RUNNING))
 
-        _wait(b_busy_again, 120, "worker B's second trial", procs)
+        _wait(b_busy_again, 300, "worker B's second trial", procs)
         killed = b_trials(TrialState.RUNNING)[0].number
         b.send_signal(signal.SIGKILL)  # mid-trial: no cleanup, the trial stays RUNNING
         b.wait(timeout=10)
