@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from autotune.calibration.microbench import bench_plan
 from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.space.rules import violations
@@ -474,7 +475,19 @@ def test_gpu_check_writes_the_table_and_refits_from_it(
                                          device_used_bytes=pred.memory_bytes * 1.05 + 2 * 2**30))
         return results, {"elapsed_s": 170.0, "idle_device_used_bytes": 0.5 * 2**30}
 
+    def small_calibrate(cfg: Any, layouts: Any, folder: Path, **options: Any) -> Any:
+        """The real calibrate on this CPU with the GPU plan cut to CPU-sized kernels (the
+        plan's bf16 8192-squares and 1.3B GEMMs take minutes here)."""
+        plan = bench_plan(cfg, layouts)
+        plan.update(gemms=sorted(plan["gemms"], key=math.prod)[:3] + [[s, s, s] for s in
+                                                                      (64, 128, 256)],
+                    attention=[[1, 2, 256, 64]], message_bytes=[4096, 65536],
+                    screen={**plan["screen"], "n": 256, "rounds": 3, "calls": 2})
+        return real_calibrate(cfg, layouts, folder, plan=plan, **options)
+
+    real_calibrate = gc.calibrate_cluster
     monkeypatch.setattr(gc, "execute", fake_execute)
+    monkeypatch.setattr(gc, "calibrate_cluster", small_calibrate)
     out = tmp_path / "h200-test.md"
     assert gc.main(["--out", str(out)]) == 0
     text = out.read_text()
