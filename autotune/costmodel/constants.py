@@ -23,7 +23,10 @@ Sources named below:
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from functools import cache
+from pathlib import Path
 from typing import Any
 from typing import cast
 
@@ -181,10 +184,34 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
 """Constants the fit may move, with their physical bounds."""
 
 
+def table_path() -> Path:
+    """The shipped calibration table, `autotune/presets/constants.yaml`."""
+    return resource_dir("presets") / "constants.yaml"
+
+
 @cache
 def _table() -> dict[str, dict[str, Any]]:
-    path = resource_dir("presets") / "constants.yaml"
-    return yaml.safe_load(path.read_text()) or {}
+    return yaml.safe_load(table_path().read_text()) or {}
+
+
+_TOP_KEY = re.compile(r"^([^\s#][^:]*):")
+
+
+def write_table(table: Mapping[str, Any], path: Path) -> None:
+    """Write a calibration table as YAML, keeping the comments `path` already has: each run of
+    comment lines above a top-level key stays above that key, and those after the last key stay
+    at the end (nested comments are not kept; the shipped table has none)."""
+    above: dict[str, list[str]] = {}
+    pending: list[str] = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        key = _TOP_KEY.match(line)
+        if line.startswith("#"):
+            pending.append(line)
+        elif key:
+            above[yaml.safe_load(key.group(1))], pending = pending, []
+    blocks = ["\n".join([*above.get(key, []), yaml.safe_dump({key: value}, sort_keys=False)
+                         .rstrip("\n")]) for key, value in table.items()]
+    path.write_text("\n".join([*blocks, *pending]) + "\n")
 
 
 def calibration(gpu: str, stack: str) -> dict[str, Any] | None:
