@@ -67,6 +67,12 @@ class Constants(BaseModel):
     16 bits even in FP8 training. Unit: dimensionless. Source: FA2 (50-73 % forward on A100,
     backward slower; on H100 FA2 reaches ~35 % forward, FA3's baseline), FA3 (up to 75 %
     forward on H100). Fit bounds 0.25-0.8."""
+    flash_attention_efficiency: float = Field(default=0.3, gt=0, le=1)
+    """`attention_efficiency` of FlashAttention-2 (the flash-attn package) where Transformer
+    Engine is told to run it instead of its fused backend (`TrainSpec.attention_backend`
+    flash). Unit: dimensionless. Source: FA2 on A100 (~60 % forward, ~45 % backward: 0.45);
+    FA3's FA2 baseline on H100 (~35 % forward, ~30 % backward: 0.3; FA2 has no Hopper
+    kernels). Not fitted: no (GPU, stack) has enough rows that state this backend."""
     elementwise_passes: float = _fitted(1.0, 0.5, 4.0, ge=0)
     """Memory-bound traffic relative to the counted minimum: 1 = every tensor a norm,
     activation, rotary, residual/dropout, cast or loss kernel touches is read or written once
