@@ -52,11 +52,12 @@ from autotune.calibration.published import label
 from autotune.calibration.published import open_dimensions
 from autotune.calibration.published import published_runs
 from autotune.costmodel.constants import Constants
+from autotune.costmodel.constants import table_path
+from autotune.costmodel.constants import write_table
 from autotune.costmodel.flops import model_flops
 from autotune.costmodel.uncertainty import regime
 from autotune.costmodel.uncertainty import residual_summary
 from autotune.frameworks import framework_of
-from autotune.resources import resource_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
 import peer_llm_analysis  # noqa: E402  (a benchmark module next to this script)
@@ -256,7 +257,7 @@ def write_constants(fits: dict[Group, Constants], bands: dict[Group, dict[str, A
                     moe_groups: dict[Group, tuple[str, ...]]) -> Path:
     """Store the fitted constants and cross-validated intervals per GPU preset and stack (the
     MoE constants `moe_groups` names for the pairs with MoE rows)."""
-    path = resource_dir("presets") / "constants.yaml"
+    path = table_path()
     table = yaml.safe_load(path.read_text()) or {}
     table.setdefault("default", {})
     for (gpu, stack), k in sorted(fits.items()):
@@ -269,17 +270,7 @@ def write_constants(fits: dict[Group, Constants], bands: dict[Group, dict[str, A
             entry["intervals"] = copy.deepcopy(bands[donor])
             entry["intervals_from"] = donor[0]
         table.setdefault(gpu, {}).setdefault("stacks", {})[stack] = entry
-    header = (
-        "# Calibrated constants per GPU preset (autotune/costmodel/constants.py: meaning,\n"
-        "# unit, source, fit bounds). A GPU's own keys come from GPU measurements\n"
-        "# (benchmarks/gpu_check.py --refit) or the fit before stacks existed; `stacks` holds\n"
-        "# the fit per software stack written by `python benchmarks/accuracy.py --fit` from\n"
-        "# data/published_runs.csv (dense rows, bf16 and fp8, robust least squares on log step\n"
-        "# time; the MoE constants on the MoE rows after them) with `intervals`: the\n"
-        "# leave-one-source-out measured/predicted step-time range\n"
-        "# per regime (autotune/costmodel/uncertainty.py). H200 takes the H100 fits (same die).\n"
-    )
-    path.write_text(header + yaml.safe_dump(table, sort_keys=False))
+    write_table(table, path)
     return path
 
 

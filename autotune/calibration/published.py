@@ -89,8 +89,10 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
                                           "moe_a2a_overlap": True,
                                           "overlap_grad_reduce": False},
     # NVIDIA/dgxc-benchmarking nemotron/nemotron4-340b-synth.yaml @
-    # 35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae: Apex distributed Adam with `optim.dtype: bf16`
-    **{f"dgxc2411_nemotron4_340b_{p}_{g}": {"adam_moments_dtype": "bf16"}
+    # 35a9aecc8d5b17d99d80f52f38c75ade0dbab7ae: Apex distributed Adam with `optim.dtype: bf16`;
+    # nemotron/configure.sh exports NVTE_FUSED_ATTN=0 for the 340B runs (below)
+    **{f"dgxc2411_nemotron4_340b_{p}_{g}": {"adam_moments_dtype": "bf16",
+                                            "attention_backend": "flash"}
        for p in ("bf16", "fp8") for g in (128, 512, 2048)},
     # NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/qwen/qwen3_workload_base_configs.py
     # @ 21d102f5e (26.04.01) and 63b08b397 (26.06): Qwen3-30B-A3B on H100 in fp8 runs the flex
@@ -119,6 +121,16 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
     # (@ 0c7aef186, 74695a06d, cfeddcd94, 21d102f5e): gradients reduced in bf16, alltoall
     **{f"mbridge_{tag}_h100_gptoss120b_64": {"grad_reduce_in_fp32": False}
        for tag in ("2602", "26021", "2604", "26041")},
+    # Transformer Engine's FlashAttention-2 backend instead of cuDNN's fused attention:
+    # NVIDIA/NeMo-Framework-Launcher `launcher_scripts/conf/config.yaml` @ 24.03.01 (the release
+    # of NeMo's long-sequence table's container) sets `NVTE_FUSED_ATTN: 0 # Disable cudnn FA
+    # until we've tested it more` (from 24.01 to 24.07); NVIDIA/dgxc-benchmarking @ 35a9aecc8
+    # (v24.11.1) `nemo_megatron/launch.sh` (GPT-3 175B) and `nemotron/configure.sh` (340B, set
+    # above) export NVTE_FUSED_ATTN=0 (15B: 1; llama3.1/configure.sh: 1)
+    **{f"nemo_longseq_l2_7b_{k}k": {"attention_backend": "flash"}
+       for k in (4, 8, 16, 32, 64, 128, 256, 512, 1024)},
+    **{f"dgxc2411_gpt3_175b_{p}_{g}": {"attention_backend": "flash"} for p in ("bf16", "fp8")
+       for g in (128, 512, 2048)},
     # SC21 Table 2's ZeRO-3 rows ran a DeepSpeed between ZeRO-3's first release (v0.3.12,
     # March 2021) and the paper's last revision (August 2021, v0.5.0): microsoft/DeepSpeed
     # `runtime/zero/partition_parameters.py` @ v0.3.13, v0.4.0 and v0.5.0 all-gathers into

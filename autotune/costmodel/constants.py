@@ -23,7 +23,10 @@ Sources named below:
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from functools import cache
+from pathlib import Path
 from typing import Any
 from typing import cast
 
@@ -64,6 +67,12 @@ class Constants(BaseModel):
     16 bits even in FP8 training. Unit: dimensionless. Source: FA2 (50-73 % forward on A100,
     backward slower; on H100 FA2 reaches ~35 % forward, FA3's baseline), FA3 (up to 75 %
     forward on H100). Fit bounds 0.25-0.8."""
+    flash_attention_efficiency: float = Field(default=0.3, gt=0, le=1)
+    """`attention_efficiency` of FlashAttention-2 (the flash-attn package) where Transformer
+    Engine is told to run it instead of its fused backend (`TrainSpec.attention_backend`
+    flash). Unit: dimensionless. Source: FA2 on A100 (~60 % forward, ~45 % backward: 0.45);
+    FA3's FA2 baseline on H100 (~35 % forward, ~30 % backward: 0.3; FA2 has no Hopper
+    kernels). Not fitted: no (GPU, stack) has enough rows that state this backend."""
     elementwise_passes: float = _fitted(1.0, 0.5, 4.0, ge=0)
     """Memory-bound traffic relative to the counted minimum: 1 = every tensor a norm,
     activation, rotary, residual/dropout, cast or loss kernel touches is read or written once
@@ -181,10 +190,34 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
 """Constants the fit may move, with their physical bounds."""
 
 
+def table_path() -> Path:
+    """The shipped calibration table, `autotune/presets/constants.yaml`."""
+    return resource_dir("presets") / "constants.yaml"
+
+
 @cache
 def _table() -> dict[str, dict[str, Any]]:
-    path = resource_dir("presets") / "constants.yaml"
-    return yaml.safe_load(path.read_text()) or {}
+    return yaml.safe_load(table_path().read_text()) or {}
+
+
+_TOP_KEY = re.compile(r"^([^\s#][^:]*):")
+
+
+def write_table(table: Mapping[str, Any], path: Path) -> None:
+    """Write a calibration table as YAML, keeping the comments `path` already has: each run of
+    comment lines above a top-level key stays above that key, and those after the last key stay
+    at the end (nested comments are not kept; the shipped table has none)."""
+    above: dict[str, list[str]] = {}
+    pending: list[str] = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        key = _TOP_KEY.match(line)
+        if line.startswith("#"):
+            pending.append(line)
+        elif key:
+            above[yaml.safe_load(key.group(1))], pending = pending, []
+    blocks = ["\n".join([*above.get(key, []), yaml.safe_dump({key: value}, sort_keys=False)
+                         .rstrip("\n")]) for key, value in table.items()]
+    path.write_text("\n".join([*blocks, *pending]) + "\n")
 
 
 def calibration(gpu: str, stack: str) -> dict[str, Any] | None:

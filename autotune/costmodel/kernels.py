@@ -7,8 +7,9 @@ by tensor parallelism), its attention core and its memory-bound kernels:
   `gemm_efficiency · x / (x + gemm_half_size)` of peak, x = (M·N·K)^(1/3) of that GEMM; FP8
   training runs these (only these) at the FP8 peak and `fp8_gemm_efficiency`.
 - attention: fused (flash) attention at `attention_efficiency` of the 16-bit peak on the causal
-  FLOPs; without flash, score and value GEMMs over the whole s×s square (no causal skipping)
-  plus the score matrix's softmax/dropout traffic.
+  FLOPs (`flash_attention_efficiency` where Transformer Engine runs FlashAttention-2:
+  `attention_rate`); without flash, score and value GEMMs over the whole s×s square (no causal
+  skipping) plus the score matrix's softmax/dropout traffic.
 - memory-bound kernels at `hbm_efficiency` of HBM bandwidth: norms, residual adds (and dropout
   masks), rotary, the MLP activation and FP8 casts, each tensor read or written once per pass
   (`elementwise_bytes`), times `elementwise_passes`; backward moves twice the forward bytes.
@@ -51,6 +52,7 @@ from autotune.costmodel.terms import terms_for
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
+from autotune.specs import TrainSpec
 from autotune.specs.params import Projection
 from autotune.specs.params import projections
 from autotune.specs.types import Precision
@@ -285,6 +287,15 @@ class LayerTimes:
         return total
 
 
+def attention_rate(train: TrainSpec, k: Constants) -> float:
+    """Fraction of the 16-bit peak the fused attention kernel reaches: FlashAttention-2's
+    where Transformer Engine is told to run it (`TrainSpec.attention_backend` flash), else the
+    stack's fitted kernel."""
+    if train.attention_backend == "flash":
+        return k.flash_attention_efficiency
+    return k.attention_efficiency
+
+
 def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
                 moe: bool = False) -> LayerTimes:
     """One dense (or MoE) layer's compute for one micro-batch on one GPU of each layout."""
@@ -316,7 +327,7 @@ def layer_times(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
         causal = causal * window_share(m, s)
     heads = m.num_attention_heads / t.tp
     if fused:
-        attention = causal / (peak16 * k.attention_efficiency)
+        attention = causal / (peak16 * attention_rate(train, k))
         attention_flops = 3.5 * causal  # backward recomputes the scores: 2.5x forward
         scores = np.zeros(len(t))
     else:

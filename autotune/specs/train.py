@@ -52,6 +52,15 @@ class TrainSpec(BaseModel):
     constants apply. None: the framework's own (megatron: megatron-core, deepspeed: deepspeed)."""
     flash_attention: StrictBool = True
     """Fused attention that never stores the s×s score matrix (FlashAttention / cuDNN)."""
+    attention_backend: Annotated[Literal["auto", "fused", "flash"],
+                                 OnlyFor("megatron", "--attention-backend")] = "auto"
+    """Transformer Engine's attention kernel (Megatron's `--attention-backend`; before
+    Megatron-Core 0.10 the environment's `NVTE_FUSED_ATTN` / `NVTE_FLASH_ATTN`): auto or fused
+    runs the stack's fitted `attention_efficiency` (on H100, cuDNN's fused attention, which
+    Transformer Engine picks on sm90 where both can run); flash runs FlashAttention-2 (the
+    flash-attn package) at `Constants.flash_attention_efficiency`, as where `NVTE_FUSED_ATTN=0`
+    is set (NeMo-Framework-Launcher 24.01-24.07's `conf/config.yaml`). Only with
+    `flash_attention`."""
     overlap_grad_reduce: StrictBool = True
     """Data-parallel gradient reduction overlaps the last backward pass."""
     overlap_param_gather: Annotated[StrictBool,
@@ -131,6 +140,10 @@ class TrainSpec(BaseModel):
         if self.fp8_recipe != "delayed" and self.precision != "fp8":
             raise ValueError(f"fp8_recipe {self.fp8_recipe!r} needs precision fp8 (it is "
                              f"{self.precision!r}); drop --fp8-recipe or set --precision fp8")
+        if self.attention_backend != "auto" and not self.flash_attention:
+            raise ValueError(f"attention_backend {self.attention_backend!r} needs "
+                             "flash_attention (it is off); drop --attention-backend or set "
+                             "--flash-attention")
         return self
 
     @property

@@ -13,7 +13,8 @@ from autotune.cli.app import app
 from autotune.run import RunnerSettings
 
 PROBLEM = ["--adam-moments-dtype", "--calibration", "--cluster", "--config",
-           "--flash-attention", "--fp8-recipe", "--framework", "--gbs", "--gbs-tokens",
+           "--attention-backend", "--flash-attention", "--fp8-recipe", "--framework", "--gbs",
+           "--gbs-tokens",
            "--grad-reduce-in-fp32", "--no-grad-reduce-in-fp32",
            "--model", "--moe-a2a-overlap", "--moe-dispatcher", "--no-flash-attention",
            "--moe-force-balance", "--no-moe-force-balance",

@@ -114,3 +114,45 @@ def test_fp8_recipe_refusals_are_one_line() -> None:
     bf16 = cli("estimate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--fp8-recipe",
                "tensorwise", "-l", "tp=1,pp=1,zero=1,mbs=1")
     assert_usage_error(bf16, "--fp8-recipe", "tensorwise", "--precision fp8")
+
+
+def test_flash_backend_runs_attention_at_flashattention2s_rate() -> None:
+    """Oracle: Transformer Engine's backend choice (`--attention-backend`, before Megatron-Core
+    0.10 `NVTE_FUSED_ATTN=0`, which NeMo-Framework-Launcher 24.01-24.07's conf/config.yaml set:
+    "Disable cudnn FA until we've tested it more") and FlashAttention-2's rate on H100 (the
+    FA3 paper's FA2 baseline, ~0.3 of the bf16 peak forward plus backward). Worked by hand:
+    Llama 3 8B (32 heads of 128) at 8,192 tokens, tp 1, one sequence: the causal forward of one
+    layer's scores and values is 2 · 4096 · 8192² = 5.50e11 FLOPs, at 0.3 · 989.4 TFLOP/s
+    1.852 ms; the fused backend runs it at the stack's fitted `attention_efficiency`. The flag
+    and megatron-core's `TransformerConfig` field carry the choice."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    from autotune.costmodel.kernels import layer_times
+    from autotune.frameworks.megatron.args import transformer_config_kwargs
+    from autotune.frameworks.megatron.model import transformer_config_class
+
+    cfg = load_config("llama3-8b", "dgx-h100:1", seq_length=8192, global_batch_size=8)
+    layout = _layout(cfg, "tp=1,pp=1,cp=1,zero=1,mbs=1,recompute=none")
+    table = LayoutTable.from_layouts([layout])
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
+    flash = _train(cfg, attention_backend="flash")
+    causal = 2 * 4096 * 8192**2
+    assert layer_times(flash, table, k).attention_forward[0] == pytest.approx(
+        causal / (0.3 * 989.4e12), rel=1e-9)
+    for backend in ("auto", "fused"):
+        assert layer_times(_train(cfg, attention_backend=backend), table,
+                           k).attention_forward[0] == pytest.approx(
+            causal / (k.attention_efficiency * 989.4e12), rel=1e-9)
+    args = megatron_args(flash, layout)
+    assert args[args.index("--attention-backend") + 1] == "flash"
+    assert "--attention-backend" not in megatron_args(cfg, layout)
+    config = transformer_config_class(flash.model)(**transformer_config_kwargs(flash, layout))
+    assert config.attention_backend == AttnBackend.flash
+
+
+def test_attention_backend_refusals_are_one_line() -> None:
+    """Oracle: an attention backend is a fused kernel's; without flash attention there is none
+    to choose (exit 2, one line naming the option and the fix)."""
+    result = cli("estimate", "-m", "llama3-8b", "-c", "dgx-h100:1", "--attention-backend",
+                 "flash", "--no-flash-attention", "-l", "tp=1,pp=1,zero=1,mbs=1")
+    assert_usage_error(result, "attention_backend", "flash", "--flash-attention")

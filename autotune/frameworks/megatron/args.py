@@ -363,6 +363,8 @@ def megatron_args(cfg: AutotuneConfig, layout: Layout) -> list[str]:
     args += ["--micro-batch-size", str(layout.mbs),
              "--global-batch-size", str(layout.global_batch_size)]
     args += model_args(cfg.model, cfg.train.seq_length) + _precision_args(cfg)
+    if cfg.train.attention_backend != "auto":
+        args += ["--attention-backend", cfg.train.attention_backend]
     return args + ["--log-throughput"] + recipe_args(cfg)
 
 
@@ -433,6 +435,10 @@ def transformer_config_kwargs(cfg: AutotuneConfig, layout: Layout) -> dict[str, 
             kwargs["moe_router_force_load_balancing"] = True
     if precision == "fp8":
         kwargs.update(fp8="hybrid", fp8_recipe=cfg.train.fp8_recipe)
+    if cfg.train.attention_backend != "auto":
+        from megatron.core.transformer.enums import AttnBackend
+
+        kwargs["attention_backend"] = AttnBackend[cfg.train.attention_backend]
     if plan.chunks:
         kwargs["pipeline_model_parallel_layout"] = plan.layout
     if plan.edge:
