@@ -56,9 +56,16 @@ def features(t: LayoutTable) -> np.ndarray:
     return scaled
 
 
-def _kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+TREND = 0.15**2
+"""Prior variance (over the squared σ) of the residual's slope per length scale: a linear
+kernel on the centred inputs beside the squared exponential, so residuals that fall along a
+dimension (slower than modelled the larger tp is) carry on past the measured values."""
+
+
+def _kernel(a: np.ndarray, b: np.ndarray, centre: np.ndarray) -> np.ndarray:
     squared = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.T
-    kernel: np.ndarray = np.exp(-0.5 * np.maximum(squared, 0.0))
+    kernel: np.ndarray = np.exp(-0.5 * np.maximum(squared, 0.0)) + TREND * (
+        (a - centre) @ (b - centre).T)
     return kernel
 
 
@@ -72,23 +79,26 @@ class Residuals:
     """Cholesky factor of the observed covariance."""
     mean: float
     sd: float
+    centre: np.ndarray
+    """Where the linear kernel is centred: the mean of the observed inputs."""
 
     def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mean and σ of the log residual at kernel inputs `x`."""
         if not len(self.x):
             return np.full(len(x), self.mean), np.full(len(x), self.sd)
-        cross = self.sd**2 * _kernel(x, self.x)
+        cross = self.sd**2 * _kernel(x, self.x, self.centre)
         mean = self.mean + cross @ self.weights
         solved = np.linalg.solve(self.factor, cross.T)
-        var = self.sd**2 - (solved * solved).sum(0)
+        prior = 1.0 + TREND * ((x - self.centre) ** 2).sum(1)
+        var = self.sd**2 * prior - (solved * solved).sum(0)
         return mean, np.sqrt(np.maximum(var, 0.0))
 
     def covariance(self, x: np.ndarray) -> np.ndarray:
         """Posterior covariance of the log residuals at kernel inputs `x` (joint draws)."""
-        prior: np.ndarray = self.sd**2 * _kernel(x, x)
+        prior: np.ndarray = self.sd**2 * _kernel(x, x, self.centre)
         if not len(self.x):
             return prior
-        solved = np.linalg.solve(self.factor, self.sd**2 * _kernel(x, self.x).T)
+        solved = np.linalg.solve(self.factor, self.sd**2 * _kernel(x, self.x, self.centre).T)
         posterior: np.ndarray = prior - solved.T @ solved
         return posterior
 
@@ -120,12 +130,14 @@ def fit_residuals(x: np.ndarray, residual: np.ndarray, noise: np.ndarray,
     every unmeasured layout, while a level most trials agree on reaches the unmeasured ones."""
     n = len(residual)
     if not n:
-        return Residuals(x, np.zeros(0), np.zeros((0, 0)), 0.0, PRIOR_SD if sd is None else sd)
+        return Residuals(x, np.zeros(0), np.zeros((0, 0)), 0.0, PRIOR_SD if sd is None else sd,
+                         np.zeros(x.shape[1]))
     mean = float(np.median(np.append(residual, 0.0)))
     if sd is None:
         sd = amplitude(residual - mean)
     noise = np.maximum(noise, MIN_NOISE)
-    cov = sd**2 * _kernel(x, x) + np.diag(noise**2)
+    centre = x.mean(0)
+    cov = sd**2 * _kernel(x, x, centre) + np.diag(noise**2)
     factor = np.linalg.cholesky(cov)
     weights = np.linalg.solve(factor.T, np.linalg.solve(factor, residual - mean))
-    return Residuals(x, weights, factor, mean, sd)
+    return Residuals(x, weights, factor, mean, sd, centre)

@@ -281,13 +281,15 @@ def test_the_residual_level_follows_the_trials_that_agree() -> None:
     the median of the five residuals and one pseudo-residual of 0, -0.3, not the winsorized
     mean (-0.3 · 4 + 1.9 clipped at 2.5 robust σ = 1.11) / 6 = -0.015, which left every
     unmeasured family at the slow trial's level while the measured ones were lifted by
-    their own residuals. One residual alone is halved (median of it and the 0)."""
+    their own residuals. One residual alone is halved (median of it and the 0). The layout
+    asked sits at the trials' centre, 40 from each (no squared-exponential overlap) and where
+    the linear kernel's trend is 0."""
     from autotune.search.surrogate import fit_residuals
 
     x = np.diag(np.full(5, 50.0))
     residual = np.array([-0.3, -0.3, -0.3, -0.3, 1.9])
     process = fit_residuals(x, residual, np.zeros(5), 0.2)
-    far = np.full((1, 5), -50.0)
+    far = np.full((1, 5), 10.0)
     assert process.predict(far)[0][0] == pytest.approx(-0.3, abs=1e-9)
     assert fit_residuals(x[:1], np.array([1.9]), np.zeros(1), 0.2).mean == pytest.approx(0.95)
 
@@ -331,3 +333,22 @@ def test_a_new_grid_comes_before_another_expert_split_of_a_measured_one() -> Non
                                       Layout(tp=1, pp=2, dp=8, ep=4, etp=2)])
     assert len(set(family_keys(pairs, experts=False).tolist())) == 1
     assert len(set(family_keys(pairs).tolist())) == 2
+
+
+def test_residuals_that_fall_along_a_dimension_carry_on_past_the_trials() -> None:
+    """Oracle: worked by hand. Three layouts one length scale apart along one input ran
+    0.1, 0.2 and 0.3 slower in log than the refit predicts (residuals 0.1, 0.2, 0.3: slower
+    the larger, say, tp is). The level is the median of them and a 0, 0.15. Six length scales
+    past the last trial the squared exponential carries nothing (exp(-18)), so without a
+    trend the prediction there falls back to the level; with the linear kernel it stays on
+    the trials' side of the level (above 0.15) and below the unshrunk line (0.9 at x = 9).
+    Across the input the trials did not vary (another dimension), the trend says nothing:
+    the level."""
+    from autotune.search.surrogate import fit_residuals
+
+    x = np.array([[1.0, 0.0], [2.0, 0.0], [3.0, 0.0]])
+    process = fit_residuals(x, np.array([0.1, 0.2, 0.3]), np.zeros(3), 0.2)
+    assert process.mean == pytest.approx(0.15)
+    along = process.predict(np.array([[9.0, 0.0]]))[0][0]
+    assert 0.15 + 0.02 < along < 0.9
+    assert process.predict(np.array([[2.0, 9.0]]))[0][0] == pytest.approx(0.15, abs=1e-6)
