@@ -52,12 +52,14 @@ from autotune.calibration.published import label
 from autotune.calibration.published import open_dimensions
 from autotune.calibration.published import published_runs
 from autotune.costmodel.constants import Constants
+from autotune.costmodel.constants import constants_for
 from autotune.costmodel.constants import table_path
 from autotune.costmodel.constants import write_table
 from autotune.costmodel.flops import model_flops
 from autotune.costmodel.uncertainty import regime
 from autotune.costmodel.uncertainty import residual_summary
 from autotune.frameworks import framework_of
+from autotune.specs.inputs import load_gpu
 
 sys.path.insert(0, str(Path(__file__).parent))
 import peer_llm_analysis  # noqa: E402  (a benchmark module next to this script)
@@ -131,19 +133,13 @@ SAME_DIE = {"h200-sxm-141gb": "h100-sxm-80gb"}
 sample by constants fitted on the other GPU's rows only)."""
 
 
-ATTENTION_PRIOR = {
-    ("a100-sxm-80gb", "megatron-core"): 0.45, ("a100-sxm-80gb", "deepspeed"): 0.45,
-    ("a100-sxm-80gb", "pytorch"): 0.45,
-    ("h100-sxm-80gb", "megatron-core"): 0.5, ("h100-sxm-80gb", "deepspeed"): 0.3,
-    ("h100-sxm-80gb", "pytorch"): 0.3,
-}
+FUSED_ATTENTION_PRIOR = {("h100-sxm-80gb", "megatron-core"): 0.5}
 """Where each fit of `attention_efficiency` starts and is pulled to: the fused attention
-kernel the stack runs, forward plus backward (2.5x the forward FLOPs) in model FLOPs.
-A100, FlashAttention-2 (Dao 2023, §4.1: ~60 % forward, ~45 % backward): 0.45. H100 with
+kernel the stack runs, forward plus backward (2.5x the forward FLOPs) in model FLOPs. H100 with
 Megatron-Core + Transformer Engine, cuDNN fused attention (FlashAttention-3 class; Shah et al.
-2024, §4.1: causal head-dim-128 forward ~65 %, backward ~47 %): 0.5. H100 with PyTorch FSDP
-or DeepSpeed, FlashAttention-2 / SDPA (FA3 paper's FA2 baseline on H100: ~35 % forward, ~30 %
-backward): 0.3."""
+2024, §4.1: causal head-dim-128 forward ~65 %, backward ~47 %): 0.5. Every other (GPU, stack)
+runs FlashAttention-2 class kernels (A100; H100 with PyTorch FSDP or DeepSpeed, FA2 / SDPA):
+its GPU's `flash_attention_efficiency` (its source in autotune/costmodel/constants.py)."""
 PRIOR_SD = {"gemm_efficiency": 2.5, "attention_efficiency": 2.5, "elementwise_passes": 5.0,
             "fp8_gemm_efficiency": 2.5, "gemm_half_size": 15.0}
 """Spread of each constant's log-normal prior around its source value (`fit_constants`), in
@@ -155,8 +151,8 @@ size (tile and wave quantization, shape-dependent cuBLAS heuristics) only to e^1
 
 def prior(g: Group) -> Constants:
     """The physical starting point of a (GPU, stack) fit."""
-    attention = ATTENTION_PRIOR.get(g, Constants().attention_efficiency)
-    return Constants(attention_efficiency=attention)
+    flash = constants_for(load_gpu(g[0], "accuracy")).flash_attention_efficiency
+    return Constants(attention_efficiency=FUSED_ATTENTION_PRIOR.get(g, flash))
 
 
 def fit_group(points: Sequence[Measured]) -> Constants:
