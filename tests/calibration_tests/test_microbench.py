@@ -1,9 +1,10 @@
 """Microbenchmarks: real worker processes on gloo, node screening, a lost worker, the fit.
 
 Oracles: real processes (two CPU workers timing torch kernels and gloo collectives), a worker
-slowed for real (MKL limited to SSE4.2, as on an older or misconfigured node), two equal
-workers (the same code and threads on one host), a worker killed with SIGKILL mid-run, points
-generated from known constants for the fit, and screening rounds worked out by hand.
+slowed for real (MKL on its generic code path, `MKL_CBWR=COMPATIBLE`, which Intel and AMD CPUs
+alike honour, as on an older or misconfigured node), two equal workers (the same code and
+threads on one host), a worker killed with SIGKILL mid-run, points generated
+from known constants for the fit, and screening rounds worked out by hand.
 """
 
 from __future__ import annotations
@@ -74,11 +75,12 @@ def test_plan_times_the_layouts_gemms(cpu_cfg) -> None:
 
 
 def test_slow_worker_is_named(cpu_cfg, tmp_path: Path) -> None:
-    """Worker 1 runs its GEMMs with MKL limited to SSE4.2 (several times slower here): the
+    """Worker 1 runs its GEMMs on MKL's generic code path (`MKL_CBWR=COMPATIBLE`, about 3x
+    slower here; `MKL_ENABLE_INSTRUCTIONS` is ignored on AMD CPUs): the
     screening names it, and only it; every kind of point came back from both workers."""
     calibration = calibrate_cluster(
         cpu_cfg, LAYOUTS, tmp_path, threads=1, plan=_small_plan(),
-        worker_env={1: {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}})
+        worker_env={1: {"MKL_CBWR": "COMPATIBLE"}})
     assert calibration.complete, calibration.failure
     slow = calibration.screening.slow()
     assert len([line for line in slow if line.startswith("worker")]) == 1
@@ -111,8 +113,8 @@ def test_two_equal_workers_are_not_named_a_slowed_one_is(cpu_cfg, tmp_path: Path
     neither is named, and each is within the noise bar of the other (a false alarm here was
     `27% below the median of its peers` with the three-shape rule). Their two links (0->1,
     1->0, timed in interleaved rounds) are not named either (a false alarm was `link 1->0 ...
-    21% below the median of its peers`). The same plan with worker 1 on SSE4.2 names worker
-    1, so the silence is the rule's, not a screening that never names. (One link cannot be
+    21% below the median of its peers`). The same plan with worker 1 on MKL's generic path names
+    worker 1, so the silence is the rule's, not a screening that never names. (One link cannot be
     slowed alone here: both directions run through the same two processes and the loopback
     device; `test_a_gap_within_the_links_noise_is_not_named` works the link rule by hand.)"""
     plan = _small_plan(gemms=[], attention=[], elementwise_bytes=[], group_sizes=[],
@@ -121,7 +123,7 @@ def test_two_equal_workers_are_not_named_a_slowed_one_is(cpu_cfg, tmp_path: Path
         equal = calibrate_cluster(cpu_cfg, LAYOUTS, tmp_path / "equal", threads=1, plan=plan)
         slowed = calibrate_cluster(cpu_cfg, LAYOUTS, tmp_path / "slowed", threads=1,
                                    plan={**plan, "message_bytes": []},
-                                   worker_env={1: {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}})
+                                   worker_env={1: {"MKL_CBWR": "COMPATIBLE"}})
     screening = equal.screening
     assert [len(w.ranks) for w in screening.workers] == [1, 1]
     assert all(len(p.repeats) == SCREEN_CPU["rounds"] for p in equal.points

@@ -184,9 +184,9 @@ def test_job_past_the_timeout_is_cancelled(tmp_path: Path) -> None:
 
 
 def test_slow_worker_under_slurm_is_named(tmp_path: Path) -> None:
-    """Worker 1's task runs with MKL limited to SSE4.2 (several times slower GEMMs here, as on
-    an older or misconfigured node): the screening names worker 1, on Slurm's node, and only
-    it."""
+    """Worker 1's task runs MKL's generic code path (`MKL_CBWR=COMPATIBLE`: several times
+    slower GEMMs on Intel and AMD CPUs, as on an older or misconfigured node): the
+    screening names worker 1, on Slurm's node, and only it."""
     cfg = load_config("tiny-gpt", "local", framework="deepspeed", processes=2)
     plan = {"gemms": [[256, 256, 256], [384, 384, 384], [512, 512, 512]], "dtypes": ["fp32"],
             "attention": [], "attention_dtype": "fp32", "elementwise_bytes": [1 << 20],
@@ -195,7 +195,7 @@ def test_slow_worker_under_slurm_is_named(tmp_path: Path) -> None:
     calibration = calibrate_cluster(
         cfg, LayoutTable.from_layouts([Layout(mbs=1)]), tmp_path, plan=plan,
         slurm=SlurmSettings(time_limit="5"),
-        worker_env={1: {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}})
+        worker_env={1: {"MKL_CBWR": "COMPATIBLE"}})
     assert calibration.complete, calibration.failure
     workers = [line for line in calibration.screening.slow() if line.startswith("worker")]
     assert workers == [line for line in workers if line.startswith(f"worker 1 on {_node()}:")]
