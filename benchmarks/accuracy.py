@@ -321,7 +321,7 @@ def main() -> None:
     parser.add_argument("--fit", action="store_true",
                         help="refit and write constants and intervals to constants.yaml")
     args = parser.parse_args()
-    console = Console(width=200)
+    console = Console(width=240)  # the per-row table: its figures are never cut
     runs = published_runs(args.data)
     skipped = Counter(
         run.skip or {"recipe": "recipe: no throughput published",
