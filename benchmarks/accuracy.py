@@ -321,7 +321,7 @@ def main() -> None:
     parser.add_argument("--fit", action="store_true",
                         help="refit and write constants and intervals to constants.yaml")
     args = parser.parse_args()
-    console = Console(width=200)
+    console = Console(width=240)  # the per-row table: its figures are never cut
     runs = published_runs(args.data)
     skipped = Counter(
         run.skip or {"recipe": "recipe: no throughput published",
@@ -351,12 +351,12 @@ def main() -> None:
     table = Table(title="Published vs predicted TFLOP/s per GPU (autotune's convention: "
                         "Megatron-Core causal model FLOPs); CV = source left out of the fit "
                         "of its (GPU, stack)")
+    figures = ("measured", "CV pred", "CV err", "in-sample err")  # never cut to an ellipsis
     for column in ("row", "source", "model", "GPUs", "stack", "prec",
-                   "layout (* = model's pick)", "from", "measured", "CV pred", "CV err",
-                   "in-sample err"):
+                   "layout (* = model's pick)", "from", *figures):
         table.add_column(column, no_wrap=column in ("row", "layout (* = model's pick)", "from"),
-                         justify="right" if column in (
-            "GPUs", "measured", "CV pred", "CV err", "in-sample err") else "left")
+                         min_width=7 if column in figures else None,
+                         justify="right" if column in ("GPUs", *figures) else "left")
     for p in points:
         k = fits.get(fit_source(p), Constants())
         cv_cells = ["n/a", "n/a"]
