@@ -1,7 +1,6 @@
 """What a trial measured (`Measurement`), the outcomes it can have, and the check that a
 measurement is one (a core value beside `Layout`: runners, trial programs and the search use it);
-`cpu_wait_s`, the time a CPU process waited for a CPU, which every CPU timing leaves out
-(`process_wait_s`: summed over the process's threads, gloo's own among them).
+`cpu_wait_s`, the time a CPU process waited for a CPU, which every CPU timing leaves out.
 """
 
 from __future__ import annotations
@@ -129,18 +128,3 @@ def cpu_wait_s() -> float:
         return int(fields[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return 0.0
-
-
-def process_wait_s() -> float:
-    """`cpu_wait_s` summed over every thread of this process (``/proc/self/task/*/schedstat``):
-    gloo runs a collective on worker threads of its own while the calling thread sleeps in
-    it, so their wait for a CPU delays the call without showing in the caller's. Two of the
-    threads waiting at once count twice (an asynchronous collective beside compute); 0.0
-    where the kernel does not expose it."""
-    total = 0
-    for path in Path("/proc/self/task").glob("*/schedstat"):
-        try:
-            total += int(path.read_text().split()[1])
-        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
-            continue
-    return total / 1e9

@@ -9,14 +9,15 @@
 
     python benchmarks/cpu_validation.py [--workers 2] [--steps 5] [--out DIR]
 
-Targets: median |error| <= 10 % (max 25 %) on step time, <= 15 % on peak memory; calibrate in under
-2 minutes. CPU heavy (a few minutes per model): run it niced on a quiet machine. Each trial also
-reports how long its most-delayed rank waited for a CPU that other processes held
-(`autotune.measurement.process_wait_s`, gloo's threads included): on a shared machine that wait is
-contention, not the layout, and the errors are printed against the step less it too. A MoE trial
-also records the load its experts ran at (DeepSpeed pads every expert to the busiest one's count);
-the step predicted at that load is printed beside, and summarised on its own line: it is read off
-the trial being judged, so it is not a prediction. `--layouts N` runs the first N layouts only.
+Targets: median |error| <= 10 % (max 25 %) on step time, <= 15 % on peak memory; calibrate in
+under 2 minutes. CPU heavy (a few minutes per model): run it niced on a quiet machine. Each trial
+also reports how long its most-delayed rank waited for a CPU that other processes held
+(`autotune.measurement.cpu_wait_s`): on a shared machine that wait is contention, not
+the layout, and the errors are printed against the step less it too. A MoE trial also
+records the load its experts ran at (DeepSpeed pads every expert to the busiest one's count);
+the step predicted at that load is printed beside, and summarised on its own line: it is read
+off the trial being judged, so it is not a prediction. `--layouts N` runs the first N layouts
+only.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ from autotune.frameworks.base import rule
 from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
-from autotune.measurement import process_wait_s
+from autotune.measurement import cpu_wait_s
 from autotune.specs import AutotuneConfig
 from autotune.specs import ModelSpec
 from autotune.specs.inputs import load_model
@@ -882,11 +882,11 @@ def train(trial: Trial, reporter: Reporter, inject: str | None) -> dict[str, Any
     def timed_step(step: int) -> tuple[float, float]:
         if inject_failure(inject, step, trial.device):
             trial.loss_fn.scale = math.nan  # the injected NaN goes into the loss scale
-        start, waited = time.perf_counter(), process_wait_s()
+        start, waited = time.perf_counter(), cpu_wait_s()
         local = train_step(trial, step)
         get_accelerator().synchronize()
         step_time_s = time.perf_counter() - start
-        waited = max(process_wait_s() - waited, 0.0)  # gloo's threads' too
+        waited = cpu_wait_s() - waited
         own = float(local)
         loss = _global_loss(trial, local)
         parts = trial.clock.take()

@@ -19,7 +19,6 @@ from autotune.exceptions import AutotuneError
 from autotune.layout import Layout
 from autotune.measurement import Measurement
 from autotune.measurement import cpu_wait_s
-from autotune.measurement import process_wait_s
 from autotune.runners.base import TrialPlan
 from autotune.runners.local import LocalRunner
 from autotune.specs.inputs import load_config
@@ -234,36 +233,3 @@ def test_cpu_wait_counts_the_time_a_busy_sibling_held_our_cpu() -> None:
         child.wait()
         os.sched_setaffinity(0, before)
     assert 0.08 < waited < 0.4
-
-
-@pytest.mark.skipif(not Path("/proc/thread-self/schedstat").exists()
-                    or not hasattr(os, "sched_setaffinity"), reason="Linux schedstat only")
-def test_process_wait_counts_a_worker_threads_wait() -> None:
-    """Oracle: the Linux scheduler. As gloo's worker thread runs a collective while the
-    calling thread sleeps in it, a thread spins 0.4 s beside a spinning child pinned to our
-    one CPU while this thread waits for it: this thread waits for no CPU, the process does."""
-    import threading
-
-    cpu = min(os.sched_getaffinity(0))
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
-    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-
-    def spin() -> None:
-        end = time.monotonic() + 0.4
-        while time.monotonic() < end:
-            pass
-
-    try:
-        time.sleep(0.2)  # the child is running
-        mine, process = cpu_wait_s(), process_wait_s()
-        worker = threading.Thread(target=spin)
-        worker.start()
-        worker.join()
-        mine, process = cpu_wait_s() - mine, process_wait_s() - process
-    finally:
-        child.kill()
-        child.wait()
-        os.sched_setaffinity(0, before)
-    assert mine < 0.05
-    assert 0.08 < process < 0.5
