@@ -79,13 +79,12 @@ class Worker:
 
 
 def timed(worker: Worker, fn: Callable[[], Any], budget_s: float, most: int = 50,
-          exactly: int | None = None, before: Callable[[], Any] | None = None,
-          mean: bool = False) -> float:
-    """Median (or, `mean`, mean) seconds of `fn` after one warm-up call, repeated until
-    `budget_s` or `most` (or `exactly` times: collectives, where every rank must make the same
-    calls); `before` runs untimed ahead of each call. A CPU worker does not count the time it
-    waited for a CPU that other processes held (`cpu_wait_s`): the figures are the machine's,
-    not its other tenants' (the trials are judged alike)."""
+          exactly: int | None = None, before: Callable[[], Any] | None = None) -> float:
+    """Median seconds of `fn` after one warm-up call, repeated until `budget_s` or `most`
+    (or `exactly` times: collectives, where every rank must make the same calls); `before`
+    runs untimed ahead of each call. A CPU worker does not count the time it waited for a CPU
+    that other processes held (`cpu_wait_s`): the figures are the machine's, not its other
+    tenants' (the trials are judged alike)."""
     fn()
     worker.sync()
     times: list[float] = []
@@ -100,7 +99,7 @@ def timed(worker: Worker, fn: Callable[[], Any], budget_s: float, most: int = 50
         wall = time.perf_counter() - start
         times.append(max(wall - (worker.waited() - waited), 1e-3 * wall))
         spent += wall
-    return statistics.fmean(times) if mean else statistics.median(times)
+    return statistics.median(times)
 
 
 def gemms(worker: Worker, plan: dict[str, Any]) -> None:
@@ -330,10 +329,8 @@ def _slowest(worker: Worker, seconds: float) -> float:
 
 def collectives(worker: Worker, plan: dict[str, Any]) -> None:
     """Each op over each group of the first g ranks and each message size; rank 0 writes the
-    slowest rank's mean time and the bus bandwidth. The mean, not the median: a step pays
-    every call it makes, its slow ones too (a gloo call now and then waits milliseconds for
-    its worker thread to be scheduled). CPU workers compute before each call (`busy_work`),
-    as in training."""
+    slowest rank's median time and the bus bandwidth. CPU workers compute before each call
+    (`busy_work`), as in training."""
     before = busy_work(worker, float(plan.get("busy_s", 0.0)))
     for size in plan["group_sizes"]:
         members = list(range(size))
@@ -347,7 +344,7 @@ def collectives(worker: Worker, plan: dict[str, Any]) -> None:
                     buffer = torch.ones(elements, device=worker.device)
                     seconds = timed(worker, _collective(op, buffer, size, group),
                                     plan["budget_s"], exactly=plan["collective_repeats"],
-                                    before=before, mean=True)
+                                    before=before)
                 slowest = _slowest(worker, seconds)
                 if worker.rank == 0:
                     moved = BUS_FACTOR[op] * (size - 1) / size * nbytes
@@ -361,9 +358,9 @@ def links(worker: Worker, plan: dict[str, Any]) -> None:
     """Send/recv over every link of the ring r -> r+1, one link at a time, in rounds: each
     round sends once over every link in turn (a barrier before each send), so a slow spell of
     the host falls on all links alike, as the screening GEMM's rounds do for the workers. The
-    receiver writes its mean time (as `collectives`) and each round's rate (`Point.repeats`;
-    the send completes when the data has arrived). CPU workers compute before each send or
-    receive (`busy_work`), as the pipeline's stages do."""
+    receiver writes its median time and each round's rate (`Point.repeats`; the send
+    completes when the data has arrived). CPU workers compute before each send or receive
+    (`busy_work`), as the pipeline's stages do."""
     if worker.world < 2:
         return
     before = busy_work(worker, float(plan.get("busy_s", 0.0)))
@@ -388,8 +385,8 @@ def links(worker: Worker, plan: dict[str, Any]) -> None:
             if worker.rank == dst:
                 worker.write({"kind": "send", "op": "send_recv", "dtype": "fp32",
                               "shape": {"bytes": nbytes}, "ranks": [src, dst],
-                              "seconds": statistics.fmean(times[src]),
-                              "rate": nbytes / statistics.fmean(times[src]),
+                              "seconds": statistics.median(times[src]),
+                              "rate": nbytes / statistics.median(times[src]),
                               "repeats": [nbytes / t for t in times[src]]})
     dist.barrier()
 

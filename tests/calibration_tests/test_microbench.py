@@ -379,20 +379,3 @@ def test_cpu_gemm_fit_recovers_known_constants_against_the_screening_peak(cpu_cf
     assert [p.predicted_s for p in predicted if p.kind == "gemm"] == pytest.approx(truth,
                                                                                    rel=0.06)
     assert not fitted["gemm_efficiency"].at_bound and not fitted["gemm_half_size"].at_bound
-
-
-def test_a_collective_point_is_the_mean_of_its_calls() -> None:
-    """Oracle: the wall clock over real sleeps, worked by hand. A step pays every call, so a
-    collective's point is the mean of its timed calls: calls of 20, 20, 20 and 100 ms (after
-    the warm-up) mean 40 ms, where their median is 20 ms (the GEMMs keep the median)."""
-    worker = bench_worker.Worker.__new__(bench_worker.Worker)
-    worker.cuda = False
-    calls = iter([0.02, 0.02, 0.02, 0.02, 0.1] * 2)  # the warm-up call first
-
-    def call() -> None:
-        time.sleep(next(calls))
-
-    mean = bench_worker.timed(worker, call, 0.0, exactly=4, mean=True)
-    median = bench_worker.timed(worker, call, 0.0, exactly=4)
-    assert 0.038 <= mean < 0.06
-    assert 0.019 <= median < 0.035
