@@ -770,15 +770,11 @@ def setup(spec: ModelSpec, plan: Plan, ds: dict[str, Any]) -> Trial:
     else:
         model = GPT(spec, lay.recompute, sp_group, cp_rank, moe)
     clock = PartClock(get_accelerator().synchronize)
-    kinds: dict[tuple[int, ...], str] = {}
-    ranks_of: dict[int, tuple[int, ...]] = {}
+    kinds: dict[str, str] = {}  # tp, cp and ep process groups by name
 
     def kind_of(name: str, group: Any) -> str:
-        if id(group) not in ranks_of:
-            ranks_of[id(group)] = tuple(dist.get_process_group_ranks(group) if group is not None
-                                        else range(dist.get_world_size()))
         weights = lay.zero == 3 and clock.phase in ("forward", "backward")
-        return collective_kind(name, ranks_of[id(group)], kinds, weights)
+        return collective_kind(name, kinds.get(_group_name(group)), weights)
 
     time_collectives(deepspeed.comm, clock, kind_of)
     engine, *_ = deepspeed.initialize(
@@ -800,18 +796,25 @@ def setup(spec: ModelSpec, plan: Plan, ds: dict[str, Any]) -> Trial:
     return trial
 
 
-def _group_kinds(lay: Layout, sp_group: Any) -> dict[tuple[int, ...], str]:
-    """The ranks of this rank's tp, cp and ep groups, by kind (what `collective_kind` reads)."""
+def _group_name(group: Any) -> str:
+    """The name torch gave a process group (unique per group; the default group for None)."""
+    group = group if group is not None else dist.group.WORLD
+    return str(getattr(group, "group_name", id(group)))
+
+
+def _group_kinds(lay: Layout, sp_group: Any) -> dict[str, str]:
+    """This rank's tp, cp and ep process groups by name, by kind (what `collective_kind` reads):
+    the groups themselves, since a cp or ep group may hold the same ranks as the
+    data-parallel group ZeRO reduces over."""
     from deepspeed.utils import groups
 
-    kinds: dict[tuple[int, ...], str] = {}
+    kinds: dict[str, str] = {}
     if lay.tp > 1:
-        tp_group = groups.get_tensor_model_parallel_group()
-        kinds[tuple(dist.get_process_group_ranks(tp_group))] = "tp"
+        kinds[_group_name(groups.get_tensor_model_parallel_group())] = "tp"
     if sp_group is not None:
-        kinds[tuple(dist.get_process_group_ranks(sp_group))] = "cp"
+        kinds[_group_name(sp_group)] = "cp"
     for group in groups._get_expert_parallel_group_dict().values():
-        kinds.setdefault(tuple(dist.get_process_group_ranks(group)), "ep")
+        kinds.setdefault(_group_name(group), "ep")
     return kinds
 
 

@@ -1,18 +1,19 @@
 """Where a built-in workload's step time goes, measured on every rank, and the test-only faults.
 
 `PartClock` times the phases of a step (data, forward, backward, gradient reduction, pipeline
-transfers, optimizer) with a wall clock synchronised to the device, and `time_collectives`
-wraps the collectives of `deepspeed.comm` so that each call's time is charged to its kind
-(tp, cp, ep, dp/ZeRO, pp) inside the phase it ran in. `PartClock.take` turns one step into the
-parts the cost model predicts (`autotune.costmodel.step_time.TIME_PARTS`): a phase's time less
-its collectives is compute (forward, backward, reduction) or optimizer; a pipeline phase is
-all `pp_p2p` (its send/recv time includes waiting for the neighbour stage, i.e. the bubble).
-On CPU (gloo) collectives block, so their time is exact; an asynchronous one (DeepSpeed's
-ZeRO-3 gathers its weights with `async_op=True` and waits for them in the module's forward or
-backward, `partitioned_param_coordinator.py`) is charged its launch and its `wait`: on CPU,
-where nothing runs beside it, the two are its exposed time, which would otherwise land in the
-phase's compute. Gathers of the data-parallel ranks inside the forward or backward under ZeRO-3
-are `zero3_gather` (the model's part), the rest of their collectives `dp_comm`.
+transfers, optimizer) with a wall clock synchronised to the device, and `time_collectives` wraps
+the collectives of `deepspeed.comm` so that each call's time is charged to its kind (tp, cp, ep,
+dp/ZeRO, pp: by the process group it ran on, not its ranks) inside the phase it ran in.
+`PartClock.take` turns one step into the parts the cost model predicts
+(`autotune.costmodel.step_time.TIME_PARTS`): a phase's time less its collectives is compute
+(forward, backward, reduction) or optimizer; a pipeline phase is all `pp_p2p` (its send/recv time
+includes waiting for the neighbour stage, i.e. the bubble). On CPU (gloo) collectives block, so
+their time is exact; an asynchronous one (DeepSpeed's ZeRO-3 gathers its weights with
+`async_op=True` and waits for them in the module's forward or backward,
+`partitioned_param_coordinator.py`) is charged its launch and its `wait`: on CPU, where nothing
+runs beside it, the two are its exposed time, which would otherwise land in the phase's compute.
+Gathers of the data-parallel ranks inside the forward or backward under ZeRO-3 are `zero3_gather`
+(the model's part), the rest of their collectives `dp_comm`.
 
 Faults (`AUTOTUNE_WORKLOAD_FAULTS=name,name`) are switches for tests that must see the
 validity gate catch a real run going wrong; nothing else sets them.
@@ -168,13 +169,14 @@ class Waited:
 _GATHERS = {"all_gather_into_tensor", "all_gather", "allgather_fn"}
 
 
-def collective_kind(name: str, ranks: tuple[int, ...], groups: dict[tuple[int, ...], str],
-                    gathers_weights: bool = False) -> str:
-    """The kind of one collective: point-to-point is pipeline, a known group's ranks name it
-    (tp, cp, ep, pp), and the rest reduce or gather over data-parallel ranks (dp: gradients,
-    ZeRO partitions); with `gathers_weights` (ZeRO-3 inside a forward or backward) their
-    gathers are `zero3`."""
+def collective_kind(name: str, group_kind: str | None, gathers_weights: bool = False) -> str:
+    """The kind of one collective: point-to-point is pipeline, a call on one of the layout's
+    tp, cp or ep process groups is of that kind (`group_kind`, the group's own, not its ranks':
+    where cp or ep spans the ranks of the data-parallel group, ZeRO and the gradients reduce on
+    the data-parallel group's own process group), and the rest reduce or gather over
+    data-parallel ranks (dp: gradients, ZeRO partitions); with `gathers_weights` (ZeRO-3 inside
+    a forward or backward) their gathers are `zero3`."""
     if name in _POINT_TO_POINT:
         return "pp"
-    kind = groups.get(ranks, "dp")
+    kind = group_kind or "dp"
     return "zero3" if gathers_weights and kind == "dp" and name in _GATHERS else kind

@@ -242,6 +242,7 @@ def test_tensor_parallel_autotp(tmp_path: Path, reference: Trial) -> None:
     directory = write_trial(tmp_path, 2, tp=2, zero=1, gas=2, recompute="selective")
     trial = run_trial(directory, 2).ok()
     assert trial.losses == pytest.approx(reference.losses, **SAME)
+    assert trial.summary["breakdown"]["parts"].get("tp_comm", 0) > 0
     spec = load_model("tiny-gpt")
     halved = spec.num_layers * (spec.layer_params() - 2 * spec.hidden_size) // 2
     assert trial.summary["params_local"] == reference.summary["params_local"] - halved
@@ -252,6 +253,10 @@ def test_context_parallel_ulysses(tmp_path: Path, reference: Trial) -> None:
     """cp=2 through Ulysses DistributedAttention: each rank holds half of every sequence."""
     trial = run_trial(write_trial(tmp_path, 2, cp=2, zero=2, gas=2), 2).ok()
     assert trial.losses == pytest.approx(reference.losses, **SAME)
+    # the all-to-alls run on the sequence-parallel group, ZeRO's reductions on DeepSpeed's
+    # sequence-data-parallel group: the same two ranks, a process group of its own
+    parts = trial.summary["breakdown"]["parts"]
+    assert parts.get("cp_comm", 0) > 0 and parts.get("dp_comm", 0) > 0
 
 
 @pytest.mark.slow

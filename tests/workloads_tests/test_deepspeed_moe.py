@@ -66,6 +66,10 @@ def test_expert_parallel_trains_like_one_process(
     loads = [rank["expert_load"] for rank in trial.summary["ranks"]]
     assert (loads[0] == pytest.approx(loads[1])) == (ep == 2)
     assert trial.summary["breakdown"]["moe_load_imbalance"] >= 1
+    # DeepSpeed's own groups: the dispatch runs on the ep group, the gradients reduce on the
+    # data-parallel group, a process group of its own even where its ranks are the ep group's
+    parts = trial.summary["breakdown"]["parts"]
+    assert parts.get("dp_comm", 0) > 0 and ("ep_comm" in parts) == (ep == 2)
 
 
 @pytest.mark.slow

@@ -122,7 +122,7 @@ def test_an_asynchronous_gather_is_charged_its_launch_and_its_wait(
     monkeypatch.setattr("autotune.workloads.instruments.time.perf_counter", lambda: now[0])
     clock = PartClock(lambda: None)
     comm = _AsyncComm(now)
-    time_collectives(comm, clock, lambda name, group: collective_kind(name, (0, 1), {}, True))
+    time_collectives(comm, clock, lambda name, group: collective_kind(name, None, True))
     with clock.timing("forward"):
         handle = comm.allgather_fn(None, None, async_op=True)
         assert handle is not None and handle.is_completed() is False
@@ -133,14 +133,16 @@ def test_an_asynchronous_gather_is_charged_its_launch_and_its_wait(
 
 
 def test_collective_kinds() -> None:
-    groups = {(0, 1): "tp", (0, 2): "cp"}
-    assert collective_kind("send", (0, 1), groups) == "pp"
-    assert collective_kind("all_reduce", (0, 1), groups) == "tp"
-    assert collective_kind("all_to_all_single", (0, 2), groups) == "cp"
-    assert collective_kind("all_gather_into_tensor", (0, 1, 2, 3), groups) == "dp"
-    assert collective_kind("allgather_fn", (0, 1, 2, 3), groups, True) == "zero3"
-    assert collective_kind("reduce_scatter_fn", (0, 1, 2, 3), groups, True) == "dp"
-    assert collective_kind("allgather_fn", (0, 1), groups, True) == "tp"
+    """By hand: point-to-point is pipeline, a call on a tp, cp or ep group is of that kind
+    whatever its ranks, any other group's reductions and gathers are data-parallel (ZeRO-3's
+    gathers inside a forward or backward `zero3`)."""
+    assert collective_kind("send", "tp") == "pp"
+    assert collective_kind("all_reduce", "tp") == "tp"
+    assert collective_kind("all_to_all_single", "cp") == "cp"
+    assert collective_kind("all_gather_into_tensor", None) == "dp"
+    assert collective_kind("allgather_fn", None, True) == "zero3"
+    assert collective_kind("reduce_scatter_fn", None, True) == "dp"
+    assert collective_kind("allgather_fn", "tp", True) == "tp"
 
 
 def test_unknown_fault_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
