@@ -798,8 +798,9 @@ def setup(spec: ModelSpec, plan: Plan, ds: dict[str, Any]) -> Trial:
 
 def _group_name(group: Any) -> str:
     """The name torch gave a process group (unique per group; the default group for None)."""
-    group = group if group is not None else dist.group.WORLD
-    return str(getattr(group, "group_name", id(group)))
+    named = group if group is not None else dist.group.WORLD
+    assert named is not None, "the default process group is initialised before any collective"
+    return str(named.group_name)
 
 
 def _group_kinds(lay: Layout, sp_group: Any) -> dict[str, str]:

@@ -3,8 +3,8 @@
 Oracles: real processes (two CPU workers timing torch kernels and gloo collectives), a worker
 slowed for real (MKL on its generic code path, `MKL_CBWR=COMPATIBLE`, which Intel and AMD CPUs
 alike honour, as on an older or misconfigured node), two equal workers (the same code and
-threads on one host), a worker killed with SIGKILL mid-run, points generated
-from known constants for the fit, and screening rounds worked out by hand.
+threads on one host), a worker killed with SIGKILL mid-run, points generated from known
+constants for the fit, and screening rounds worked out by hand.
 """
 
 from __future__ import annotations
