@@ -799,7 +799,8 @@ def setup(spec: ModelSpec, plan: Plan, ds: dict[str, Any]) -> Trial:
 def _group_name(group: Any) -> str:
     """The name torch gave a process group (unique per group; the default group for None)."""
     named = group if group is not None else dist.group.WORLD
-    assert named is not None, "the default process group is initialised before any collective"
+    if named is None:
+        raise RuntimeError("a collective ran before torch.distributed.init_process_group")
     return str(named.group_name)
 
 
