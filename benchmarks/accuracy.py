@@ -171,7 +171,7 @@ def fit_group(points: Sequence[Measured]) -> Constants:
         return k
     anchored = any(len(p.layouts) == 1 for p in moe)
     return fit_constants(moe, k.model_copy(update=MOE_PRIOR), moe_names(moe),
-                         prior_sd=MOE_PRIOR_SD, open_as_bound=anchored)
+                         prior_sd=MOE_PRIOR_SD, open_as_bound=anchored, midpoint_start=True)
 
 
 def fit_groups(points: Sequence[Measured]) -> dict[Group, Constants]:
@@ -244,7 +244,8 @@ def leave_one_model_out(moe: Sequence[Measured],
             rest = [p for p in moe if fit_source(p) == g and p.cfg.model.name != name]
             k = fits[g].model_copy(update=MOE_PRIOR)
             if rest:
-                k = fit_constants(rest, k, moe_names(rest), prior_sd=MOE_PRIOR_SD)
+                k = fit_constants(rest, k, moe_names(rest), prior_sd=MOE_PRIOR_SD,
+                                  midpoint_start=True)
             predicted |= {p.name: predicted_step_s(p, k) for p in rows if fit_source(p) == g}
     return predicted
 

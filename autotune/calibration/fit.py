@@ -131,6 +131,7 @@ def fit_constants(
     loss: Loss = "cauchy",
     robust_scale: float = ROBUST_SCALE,
     open_as_bound: bool = False,
+    midpoint_start: bool = False,
 ) -> Constants:
     """The constants `names` that best explain the measured step times, starting from `base`.
 
@@ -157,6 +158,10 @@ def fit_constants(
             open) bounds the model from one side only: the fastest candidate may run faster
             than the run that happened (whose settings may have been slower), never slower.
             Its residual counts only where the model predicts it slower than measured.
+        midpoint_start: Also descend from the geometric midpoint of each constant's bounds
+            and keep whichever end has the lower cost (the objective, prior included, is the
+            same). A robust loss is flat where every residual is large, so a descent from
+            `base` can stall in a plateau far from the minimum.
 
     Returns:
         `base` with `names` replaced by the fitted values (`base` itself without points).
@@ -185,9 +190,11 @@ def fit_constants(
             return data
         return np.concatenate([data, (x - start) / spread])
 
-    result = least_squares(residuals, start, bounds=(low, high), x_scale="jac", loss=loss,
-                           f_scale=robust_scale / step_sd if loss != "linear" else 1.0)
-    return constants(result.x)
+    scale = robust_scale / step_sd if loss != "linear" else 1.0
+    starts = [start, (low + high) / 2] if midpoint_start else [start]
+    results = [least_squares(residuals, x0, bounds=(low, high), x_scale="jac", loss=loss,
+                             f_scale=scale) for x0 in starts]
+    return constants(min(results, key=lambda r: float(r.cost)).x)
 
 
 def fit_trials(

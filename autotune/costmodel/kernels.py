@@ -67,13 +67,22 @@ gradient write (2), the 16-bit logits re-read (4)."""
 FP8_CAST_BYTES = {"delayed": 2.0, "tensorwise": 6.0, "blockwise": 4.0 + 8 / 128,
                   "mxfp8": 4.0 + 2 / 32}
 """HBM bytes the FP8 cast of one GEMM operand element moves, per `TrainSpec.fp8_recipe`
-(Transformer Engine's quantizers). delayed: write the FP8 copy and its transpose (1 + 1); the
-16-bit read is fused into the kernel that produced it (its scale is known in advance: the
-LayerNorm and activation kernels emit FP8, cast_transpose fuses the rest). tensorwise (current
+(Transformer Engine's quantizers). delayed: write the FP8 copy and its transpose (1 + 1); where
+TE's fused LayerNorm produced the input its scale is known in advance and the 16-bit read is
+fused into the norm (other producers: `FP8_CAST_READ_BYTES`). tensorwise (current
 scaling): the producer writes 16 bits, an amax pass reads them (2) before the cast reads them
 again (2) and writes both copies (2). blockwise: the cast computes each block's scale as it
 reads (2) and writes both copies (2) plus an fp32 scale per 128 elements in each direction.
 mxfp8: the same with a 1-byte E8M0 scale per 32 elements in each direction."""
+FP8_CAST_READ_BYTES = {"delayed": 2.0, "tensorwise": 0.0, "blockwise": 0.0, "mxfp8": 0.0}
+"""Bytes the cast adds, per `TrainSpec.fp8_recipe`, where the GEMM input comes from a kernel
+that emits 16 bits: the cast reads it. Transformer Engine's `Linear` (`_Linear.forward`) runs
+`fp8_cast_transpose_fused` on its 16-bit input; only `LayerNormLinear` emits FP8 from its own
+norm. On megatron-core that fuses the QKV and MLP-up inputs (`TELayerNormColumnParallelLinear`);
+the attention output and megatron-core's own activation (`bias_gelu_impl`, `bias_swiglu_impl`)
+feed `TERowParallelLinear` in 16 bits, and on the other stacks every GEMM input does (LLM
+Foundry's `fc_type: te` makes each linear a `te.Linear` after torch's LayerNorm and GELU). The
+other recipes already count their read (`FP8_CAST_BYTES`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -233,10 +242,12 @@ def elementwise_bytes(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
     if m.position_embedding == "rope":
         sharded = sharded + 2 * 2 * (q + kv)
     fp8 = cfg.train.precision == "fp8"
-    cast = FP8_CAST_BYTES[cfg.train.fp8_recipe]
+    recipe = cfg.train.fp8_recipe
+    cast = FP8_CAST_BYTES[recipe] + FP8_CAST_READ_BYTES[recipe]  # from a 16-bit producer
+    normed = cast - FP8_CAST_READ_BYTES[recipe] * (cfg.train.software_stack == "megatron-core")
     if fp8:
         sharded = sharded + cast * (q + width)
-        replicated = replicated + cast * 2 * h
+        replicated = replicated + normed * 2 * h
     total: np.ndarray = n * (replicated / np.where(t.sp, t.tp, 1) + sharded / t.tp)
     if not moe:
         return total
@@ -380,15 +391,18 @@ def head_times(cfg: AutotuneConfig, t: LayoutTable, vocab: np.ndarray,
     the logits GEMM (forward and both gradients) and the cross entropy's memory traffic, on
     the rank's vocabulary shard (the whole vocabulary where the framework's tensor
     parallelism leaves the output layer whole, `tp_splits_output_layer`; its FLOPs are then
-    the rank's 1/tp share, the model's FLOPs counted once)."""
+    the rank's 1/tp share, the model's FLOPs counted once). The logits GEMM runs at 16 bits
+    in FP8 training too: no stack runs its output layer in FP8 (megatron-core's
+    `output_layer` is a `tensor_parallel.ColumnParallelLinear`, not a Transformer Engine
+    module, so `fp8_autocast` leaves it alone; LLM Foundry's tied head is a plain `F.linear`;
+    torchtitan's float8 conversion skips `output`)."""
     m, train, gpu = cfg.model, cfg.train, cfg.cluster.gpu
-    fp8 = train.precision == "fp8"
-    peak = gpu.peak_tflops[train.precision] * 1e12
+    peak = gpu.peak_tflops[_sixteen(cfg)] * 1e12
     hbm = gpu.hbm_tb_s * 1e12 * k.hbm_efficiency
     n = t.mbs * train.seq_length / t.cp
     out = vocab / (t.tp if terms_for(cfg).tp_splits_output_layer else 1)
     flops = 2 * n * out * m.hidden_size
-    gemm = 3 * flops / (peak * gemm_efficiency(n, out, m.hidden_size, k, fp8))
+    gemm = 3 * flops / (peak * gemm_efficiency(n, out, m.hidden_size, k))
     loss = k.elementwise_passes * LOSS_BYTES_PER_LOGIT * n * out / hbm
     if runs_eager(cfg):  # CPU workers map the logit-sized tensors afresh at every use
         loss = loss + HEAD_FRESH_TENSORS * first_touch_s(4 * n * out, k)

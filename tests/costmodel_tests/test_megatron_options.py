@@ -10,6 +10,7 @@ from autotune.costmodel.constants import constants_for
 from autotune.costmodel.estimate import Estimates
 from autotune.costmodel.estimate import evaluate
 from autotune.costmodel.kernels import elementwise_bytes
+from autotune.costmodel.kernels import head_times
 from autotune.frameworks import framework_of
 from autotune.frameworks.megatron.args import megatron_args
 from autotune.layout import Layout
@@ -81,27 +82,58 @@ def test_megatron_fsdp_exposes_the_tensor_parallel_backward() -> None:
     assert ratio == pytest.approx(8 / (6 + 4 * (1 - k.overlap_fraction)), rel=1e-9)
 
 
-@pytest.mark.parametrize(("recipe", "extra"), [("tensorwise", 4.0), ("blockwise", 2 + 8 / 128),
-                                               ("mxfp8", 2 + 2 / 32)])
-def test_fp8_recipes_pay_their_cast_kernels(recipe: str, extra: float) -> None:
-    """Oracle: Transformer Engine's quantizers, bytes worked out by hand. Delayed scaling knows
-    each scale in advance, so the kernel producing a GEMM input writes its FP8 copy and
-    transpose (2 B per element). Current (tensorwise) scaling needs the tensor's amax first: the
-    producer writes 16 bits, an amax pass reads them, the cast reads them again (+2 + 2 B).
+@pytest.mark.parametrize(("recipe", "stack", "normed", "other"), [
+    ("delayed", "megatron-core", 2.0, 4.0), ("tensorwise", "megatron-core", 6.0, 6.0),
+    ("blockwise", "megatron-core", 4 + 8 / 128, 4 + 8 / 128),
+    ("mxfp8", "megatron-core", 4 + 2 / 32, 4 + 2 / 32), ("delayed", "pytorch", 4.0, 4.0)])
+def test_fp8_recipes_pay_their_cast_kernels(recipe: str, stack: str, normed: float,
+                                            other: float) -> None:
+    """Oracle: Transformer Engine's quantizers, bytes per GEMM-input element worked out by hand.
+    Delayed scaling knows each scale in advance: `LayerNormLinear` writes the FP8 copy and
+    transpose from its own norm (2 B: megatron-core's QKV and MLP up,
+    `TELayerNormColumnParallelLinear`); a `Linear` whose input another kernel wrote in 16 bits
+    (the output projection after attention, MLP down after megatron-core's activation; every
+    linear on a stack without TE's fused norms) runs `fp8_cast_transpose_fused`, which reads it
+    too (4 B). Current (tensorwise) scaling needs the tensor's amax first: the producer writes
+    16 bits, an amax pass reads them, the cast reads them again and writes both (6 B).
     Blockwise and MXFP8 compute each block's scale inside the cast, which reads the 16-bit
-    tensor once (+2 B) and writes a 4-byte scale per 128 elements or a 1-byte scale per 32, in
-    each direction. Llama 3 8B at tp 1, 4,096 tokens: the inputs of QKV (h), the output
-    projection (q), MLP up (h) and down (f) are 4096 · (4096 + 4096 + 4096 + 14336) elements."""
-    cfg = load_config("llama3-8b", "dgx-h100:1", seq_length=4096, global_batch_size=8,
-                      precision="fp8")
+    tensor once and writes both copies (4 B) and a 4-byte scale per 128 elements or a 1-byte
+    scale per 32, in each direction. Llama 3 8B at tp 1, 4,096 tokens: the normed inputs of QKV
+    and MLP up are 4096 · 2 · 4096 elements, those of the output projection (q) and MLP down
+    (f) 4096 · (4096 + 14336)."""
+    cfg = load_config("llama3-8b", "dgx-h100:1", seq_length=4096, global_batch_size=8)
+    cfg = _train(cfg, stack=stack)
     layout = _layout(cfg, "tp=1,pp=1,cp=1,zero=1,mbs=1")
     table = LayoutTable.from_layouts([layout])
     k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
-    delayed = elementwise_bytes(cfg, table, k)[0]
-    other = elementwise_bytes(_train(cfg, fp8_recipe=recipe), table, k)[0]
-    assert other - delayed == pytest.approx(extra * 4096 * (3 * 4096 + 14336), rel=1e-9)
-    args = megatron_args(_train(cfg, fp8_recipe=recipe), layout)
-    assert args[args.index("--fp8-recipe") + 1] == recipe
+    sixteen = elementwise_bytes(cfg, table, k)[0]
+    fp8 = elementwise_bytes(_train(cfg, precision="fp8", fp8_recipe=recipe), table, k)[0]
+    expected = 4096 * (normed * 2 * 4096 + other * (4096 + 14336))
+    assert fp8 - sixteen == pytest.approx(expected, rel=1e-9)
+    if stack == "megatron-core":
+        args = megatron_args(_train(cfg, precision="fp8", fp8_recipe=recipe), layout)
+        assert args[args.index("--fp8-recipe") + 1] == recipe
+
+
+def test_fp8_training_runs_the_output_layer_at_16_bits() -> None:
+    """Oracle: megatron-core's `GPTModel.output_layer` is a `tensor_parallel.ColumnParallelLinear`
+    (megatron/core/models/gpt/gpt_model.py), not a Transformer Engine module, so
+    `fp8_autocast` leaves its GEMM in bf16. Worked by hand for Llama 3 8B on one H100, tp 1,
+    one 4,096-token sequence: forward and both gradients, 3 · 2 · 4096 · 128256 · 4096 FLOPs at
+    the bf16 peak, 989.4 TFLOP/s, times gemm_efficiency · x / (x + gemm_half_size),
+    x = (4096 · 128256 · 4096)^(1/3); the cross entropy's 32 B per logit at the HBM's 3.35 TB/s
+    times hbm_efficiency, elementwise_passes times. The old model ran the logits at the FP8
+    peak (1,978.9 TFLOP/s)."""
+    cfg = load_config("llama3-8b", "dgx-h100:1", seq_length=4096, global_batch_size=8,
+                      precision="fp8")
+    table = LayoutTable.from_layouts([_layout(cfg, "tp=1,pp=1,cp=1,zero=1,mbs=1")])
+    k = constants_for(cfg.cluster.gpu, cfg.train.software_stack)
+    n, vocab, h = 4096, 128256, 4096
+    x = np.cbrt(n * vocab * h)
+    gemm = 6 * n * vocab * h / (989.4e12 * k.gemm_efficiency * x / (x + k.gemm_half_size))
+    loss = k.elementwise_passes * 32 * n * vocab / (3.35e12 * k.hbm_efficiency)
+    seconds, _ = head_times(cfg, table, np.array([vocab]), k)
+    assert seconds[0] == pytest.approx(gemm + loss, rel=1e-9)
 
 
 def test_fp8_recipe_refusals_are_one_line() -> None:
