@@ -293,7 +293,8 @@ def tune(
         )
         if ranked:
             console.print(records_table(f"Top layouts ({label} and predicted)",
-                                         ranked[: top_k + 1], label))
+                                         ranked[: top_k + 1], label,
+                                         prediction_interval(run.problem.load())))
             if outcome.refit is not None and outcome.refit.trials:
                 console.print(outcome.refit.table())
             if outcome.scaled is not None:

@@ -11,6 +11,7 @@ from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.uncertainty import UNCALIBRATED
 from autotune.costmodel.uncertainty import Interval
 from autotune.costmodel.uncertainty import prediction_interval
+from autotune.costmodel.uncertainty import uncalibrated_text
 from autotune.specs import AutotuneConfig
 from autotune.units import GIB
 
@@ -18,23 +19,12 @@ from autotune.units import GIB
 def interval_line(cfg: AutotuneConfig, e: Estimate) -> str:
     """'tokens/s 190,000-260,000 (…)' from the interval of the setup, or the uncalibrated mark."""
     band = prediction_interval(cfg)
-    gpu, stack = cfg.cluster.gpu, cfg.train.software_stack
-    if band is None and gpu.calibration:
-        return (f"{UNCALIBRATED} interval: the figures above use the constants calibration "
-                f"{gpu.calibration} fitted on this cluster, but no published runs of {gpu.name} "
-                f"with {stack} bound their error")
-    if band is None and cfg.cluster.cpu_processes:
-        return (f"{UNCALIBRATED}: no published runs calibrate {gpu.name} with {stack}; the "
-                "figures above use the cpu preset's constants (typical of one host's "
-                "calibrations): run autotune calibrate for this one")
     if band is None:
-        return (f"{UNCALIBRATED}: no published runs calibrate {gpu.name} with {stack}; the "
-                "figures above are the model's defaults")
+        return uncalibrated_text(cfg)
     low, high = band.throughput(e.tokens_per_s)
     mfu_low, mfu_high = band.throughput(e.mfu)
     return (f"interval: tokens/s {low:,.0f}-{high:,.0f} · MFU {mfu_low:.1%}-{mfu_high:.1%} "
-            f"({band.text()}: the range of {band.rows} published runs from {band.sources} "
-            f"source(s) of {band.key}, each predicted with its source left out)")
+            f"({band.text()}: {band.origin()})")
 
 
 def interval_json(cfg: AutotuneConfig) -> dict[str, Any] | str:

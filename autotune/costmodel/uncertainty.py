@@ -63,6 +63,11 @@ class Interval:
         """'-4 %/+7 %' style relative range of the step time."""
         return f"{self.low - 1:+.0%}/{self.high - 1:+.0%} step time"
 
+    def origin(self) -> str:
+        """Where the range comes from, in words."""
+        return (f"the range of {self.rows} published runs from {self.sources} source(s) of "
+                f"{self.key}, each predicted with its source left out")
+
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
         return dataclasses.asdict(self)
@@ -103,3 +108,17 @@ def interval_text(cfg: AutotuneConfig) -> str:
     """The interval's text, or the uncalibrated mark."""
     interval = prediction_interval(cfg)
     return interval.text() if interval else UNCALIBRATED
+
+
+def uncalibrated_text(cfg: AutotuneConfig) -> str:
+    """Why a setup without an interval is uncalibrated, and which constants its figures use."""
+    gpu, stack = cfg.cluster.gpu, cfg.train.software_stack
+    if gpu.calibration:
+        used = f"the constants calibration {gpu.calibration} fitted on this cluster"
+    elif cfg.cluster.cpu_processes:
+        used = ("the cpu preset's constants (typical of one host's calibrations): run "
+                "autotune calibrate for this one")
+    else:
+        used = "the model's defaults"
+    return (f"{UNCALIBRATED}: no published runs of {gpu.name} with {stack} bound the error; "
+            f"the figures use {used}")

@@ -15,11 +15,13 @@ from markupsafe import Markup
 
 from autotune.report import plots
 from autotune.report.render import Table
+from autotune.report.render import compact
 from autotune.report.render import gib
 from autotune.report.render import layout_text
 from autotune.report.render import num
 from autotune.report.render import pct
 from autotune.report.render import render_template
+from autotune.report.render import with_interval
 from autotune.scaling import PART_LABELS
 
 PLAN_PLOTS = {
@@ -31,26 +33,6 @@ PLAN_PLOTS = {
                        "come from --verify-sizes.",
 }
 """The plan's figures (plots/NAME.svg) with their captions."""
-
-
-def compact(value: float) -> str:
-    """3 significant digits with k, M, G (billion), T: 15.6T, 71.2M, 950."""
-    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g}{suffix}"
-    return f"{value:.3g}"
-
-
-def with_interval(value: float | None, low: float | None, high: float | None,
-                  digits: int = 0, short: bool = False) -> str:
-    """'72.4 (65.1–80.2)', or '72.4' without an interval (the row's interval column then
-    says uncalibrated); '–' for None; `short`: 3 significant digits with k/M/G."""
-    if value is None:
-        return "–"
-    shown = compact if short else (lambda v: num(v, digits))
-    if low is None or high is None:
-        return shown(value)
-    return f"{shown(value)} ({shown(low)}–{shown(high)})"
 
 
 def cause_text(point: dict[str, Any], labels: dict[str, str]) -> str:

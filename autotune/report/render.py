@@ -24,12 +24,16 @@ from autotune.costmodel.estimate import estimate
 from autotune.costmodel.memory import MEMORY_PARTS
 from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.costmodel.step_time import TIME_PARTS
+from autotune.costmodel.uncertainty import Interval
+from autotune.costmodel.uncertainty import prediction_interval
+from autotune.costmodel.uncertainty import uncalibrated_text
 from autotune.layout import Layout
 from autotune.report import data
 from autotune.report import plots
 from autotune.scaling import PART_LABELS
 from autotune.scaling import lost_text
 from autotune.space.rules import MEMORY_RULE_NAMES
+from autotune.specs import AutotuneConfig
 from autotune.templating import register_filters
 from autotune.units import GIB
 from autotune.verify import read_verify
@@ -112,6 +116,26 @@ class Table:
 
 
 # --- formatting -------------------------------------------------------------------------------
+
+
+def compact(value: float) -> str:
+    """3 significant digits with k, M, G (billion), T: 15.6T, 71.2M, 950."""
+    for factor, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def with_interval(value: float | None, low: float | None, high: float | None,
+                  digits: int = 0, short: bool = False) -> str:
+    """'72.4 (65.1–80.2)', or '72.4' without an interval (the row's interval column then
+    says uncalibrated); '–' for None; `short`: 3 significant digits with k/M/G."""
+    if value is None:
+        return "–"
+    shown = compact if short else (lambda v: num(v, digits))
+    if low is None or high is None:
+        return shown(value)
+    return f"{shown(value)} ({shown(low)}–{shown(high)})"
 
 
 def num(value: Any, digits: int = 0) -> str:
@@ -257,7 +281,7 @@ def _inputs_tables(run: data.RunData) -> dict[str, Table]:
             "train": Table(["training and search", "value"], train_rows)}
 
 
-def _winners_table(summary: dict[str, Any], label: str) -> Table | None:
+def _winners_table(summary: dict[str, Any], label: str, band: Interval | None) -> Table | None:
     rows = [summary["best"], *summary["runners_up"]] if summary["best"] else []
     if not rows:
         return None
@@ -269,11 +293,26 @@ def _winners_table(summary: dict[str, Any], label: str) -> Table | None:
         p, f = h["predicted"], h["layout_fields"]
         table.rows.append([
             str(h["rank"]), str(h["trial"]), layout_text(f), str(f["dp"]), str(f["gas"]),
-            num(h["tokens_per_s"]), num(p["tokens_per_s"]), signed_pct(h["error_pct"]),
+            num(h["tokens_per_s"]), _predicted(p["tokens_per_s"], band),
+            signed_pct(h["error_pct"]),
             tflops(h["tflops_per_gpu"]), pct(h["mfu"]), pct(p["mfu"]),
             num(h["peak_memory_gib"], 1), num(p["peak_memory_gib"], 1),
         ])
     return table
+
+
+def _predicted(tokens_per_s: float | None, band: Interval | None) -> str:
+    """A predicted tokens/s with its range (low–high) where the setup has an interval."""
+    low, high = band.throughput(tokens_per_s) if band and tokens_per_s else (None, None)
+    return with_interval(tokens_per_s, low, high)
+
+
+def interval_note(cfg: AutotuneConfig) -> str:
+    """The sentence under the winners' table: where the predicted range comes from."""
+    band = prediction_interval(cfg)
+    if band is not None:
+        return f"Predicted tokens/s (low–high): {band.text()}, {band.origin()}."
+    return f"Predicted figures are {uncalibrated_text(cfg)}."
 
 
 def _parts_table(record: dict[str, Any], label: str) -> tuple[Table, Table]:
@@ -420,7 +459,8 @@ def highlights(run: data.RunData, summary: dict[str, Any]) -> list[str]:
             f"{num(best['tokens_per_s'])} tokens/s ({num(best['tokens_per_s_per_gpu'])} per GPU), "
             f"{tflops(best['tflops_per_gpu'])} TFLOP/s per GPU, MFU {pct(best['mfu'])}, "
             f"peak memory {num(best['peak_memory_gib'], 1)} GiB; predicted "
-            f"{num(p['tokens_per_s'])} tokens/s ({signed_pct(best['error_pct'])} off).")
+            f"{_predicted(p['tokens_per_s'], prediction_interval(run.cfg))} tokens/s "
+            f"({signed_pct(best['error_pct'])} off).")
     elif run.records:
         lines.append(f"No trial yielded a {run.label} throughput: see the failures below.")
     if study:
@@ -537,6 +577,7 @@ def report_context(run: data.RunData, summary: dict[str, Any], svgs: dict[str, s
                    top_k: int = 5) -> dict[str, Any]:
     """Everything the report templates show, formatted."""
     cfg = run.cfg
+    band = prediction_interval(cfg)
     top = _top(run, top_k)
     memory_table, time_table = _parts_table(top[0], run.label) if top else (None, None)
     return {
@@ -546,7 +587,8 @@ def report_context(run: data.RunData, summary: dict[str, Any], svgs: dict[str, s
         "summary": summary,
         "highlights": highlights(run, summary),
         "inputs": _inputs_tables(run),
-        "winners": _winners_table(summary, run.label),
+        "winners": _winners_table(summary, run.label, band),
+        "interval_note": interval_note(cfg),
         "figures_note": figures_note(
             run.label, (run.run_info.get("runner_options") or {}).get("noise")),
         "winner_memory": memory_table,

@@ -20,9 +20,9 @@ from autotune.planning.build import make_plan
 from autotune.planning.plan import Interval
 from autotune.report import compare
 from autotune.report.data import read_plan
-from autotune.report.plan import compact
-from autotune.report.plan import with_interval
 from autotune.report.plan import write_plan_report
+from autotune.report.render import compact
+from autotune.report.render import with_interval
 
 _DDP = "tp: [1, 2, 4, 8]\npp: [1, 2, 4, 8]\nzero: [0]\noffload: [none]\nmbs: [1]\nsp: [true]\n"
 
