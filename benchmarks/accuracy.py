@@ -56,6 +56,7 @@ from autotune.costmodel.constants import constants_for
 from autotune.costmodel.constants import table_path
 from autotune.costmodel.constants import write_table
 from autotune.costmodel.flops import model_flops
+from autotune.costmodel.uncertainty import between_summary
 from autotune.costmodel.uncertainty import regime
 from autotune.costmodel.uncertainty import residual_summary
 from autotune.frameworks import framework_of
@@ -224,6 +225,24 @@ def intervals(points: Sequence[Measured], cv: dict[str, float]) -> dict[Group, d
     return {g: v for g, v in out.items() if v}
 
 
+def between_layouts(points: Sequence[Measured],
+                    cv: dict[str, float]) -> dict[Group, dict[str, float | int]]:
+    """Per (GPU, stack): `autotune.costmodel.uncertainty.between_summary` of the held-out
+    measured / predicted step times, grouped by source, model and regime (the runs one
+    publication made of one setup at several layouts or sizes)."""
+    runs: dict[tuple[Group, str, str, str], list[float]] = {}
+    for p in points:
+        if p.name in cv:
+            key = (group(p), p.source, p.cfg.model.name, regime(p.cfg))
+            runs.setdefault(key, []).append(p.step_time_s / cv[p.name])
+    out: dict[Group, dict[str, float | int]] = {}
+    for g in sorted({k[0] for k in runs}):
+        summary = between_summary([v for k, v in runs.items() if k[0] == g])
+        if summary:
+            out[g] = summary
+    return out
+
+
 def by_model(points: Sequence[Measured]) -> dict[str, list[Measured]]:
     """Points grouped by model name."""
     out: dict[str, list[Measured]] = {}
@@ -251,9 +270,10 @@ def leave_one_model_out(moe: Sequence[Measured],
 
 
 def write_constants(fits: dict[Group, Constants], bands: dict[Group, dict[str, Any]],
+                    between: dict[Group, dict[str, float | int]],
                     moe_groups: dict[Group, tuple[str, ...]]) -> Path:
-    """Store the fitted constants and cross-validated intervals per GPU preset and stack (the
-    MoE constants `moe_groups` names for the pairs with MoE rows)."""
+    """Store the fitted constants, cross-validated intervals and between-layout ratios per GPU
+    preset and stack (the MoE constants `moe_groups` names for the pairs with MoE rows)."""
     path = table_path()
     table = yaml.safe_load(path.read_text()) or {}
     table.setdefault("default", {})
@@ -266,6 +286,8 @@ def write_constants(fits: dict[Group, Constants], bands: dict[Group, dict[str, A
         if "intervals" not in entry and donor in bands:  # the same die's, marked as such
             entry["intervals"] = copy.deepcopy(bands[donor])
             entry["intervals_from"] = donor[0]
+        if (gpu, stack) in between or donor in between:
+            entry["between_layouts"] = dict(between.get((gpu, stack)) or between[donor])
         table.setdefault(gpu, {}).setdefault("stacks", {})[stack] = entry
     write_table(table, path)
     return path
@@ -346,7 +368,9 @@ def main() -> None:
     if args.fit:
         moe_groups = {g: moe_names([p for p in points if fit_source(p) == g])
                       for g in {fit_source(p) for p in points if not fitted(p)}}
-        console.print(f"wrote {write_constants(fits, intervals(points, cv), moe_groups)}")
+        written = write_constants(fits, intervals(points, cv), between_layouts(points, cv),
+                                  moe_groups)
+        console.print(f"wrote {written}")
     folds = Counter(g for g, _ in {(fit_source(p), p.source) for p in points})
 
     table = Table(title="Published vs predicted TFLOP/s per GPU (autotune's convention: "

@@ -37,6 +37,10 @@ def tie_title(band: Interval | None) -> str:
     """The caption of a ranked table: how ties were decided."""
     if band is None:
         return f"predictions {UNCALIBRATED}: no ties marked"
+    if band.between is not None:
+        return (f"tied = step time within {band.between - 1:.1%} of #1's (the largest error "
+                f"between two runs of one published setup, {band.key}); ties ranked simplest "
+                "first")
     return (f"tied = step-time range overlaps #1's ({band.text()}, {band.key}); ties ranked "
             "simplest first")
 

@@ -220,11 +220,16 @@ def write_table(table: Mapping[str, Any], path: Path) -> None:
     path.write_text("\n".join([*blocks, *pending]) + "\n")
 
 
+UNCERTAINTY_KEYS = ("intervals", "intervals_from", "between_layouts")
+"""The keys of a stack's calibration that describe its error (`autotune.costmodel.uncertainty`),
+not constants."""
+
+
 def calibration(gpu: str, stack: str) -> dict[str, Any] | None:
     """The stored calibration of one (GPU preset, stack): its fitted constants and, under
     `intervals`, the cross-validated residuals per regime (`intervals_from`: the GPU preset they
-    were measured on, where it is another of the same die); None when that pair was never
-    fitted."""
+    were measured on, where it is another of the same die), under `between_layouts` the
+    largest error between two runs of one setup; None when that pair was never fitted."""
     entry = _table().get(gpu, {}).get("stacks", {}).get(stack)
     return dict(entry) if isinstance(entry, dict) else None
 
@@ -249,5 +254,5 @@ def constants_for(gpu: GPUSpec, stack: str | None = None) -> Constants:
     fitted = calibration(name, stack) if stack else None
     if fitted:
         values |= {key: value for key, value in fitted.items()
-                   if key not in ("intervals", "intervals_from")}
+                   if key not in UNCERTAINTY_KEYS}
     return Constants(**{**values, **gpu.constants})

@@ -43,6 +43,11 @@ class Interval:
     sources: int
     key: str
     """gpu/stack/regime the residuals come from."""
+    between: float | None = None
+    """The largest ratio of the measured / predicted step times of two held-out runs of one
+    source and model (>= 1): how far the model misjudges one layout or size against another on
+    the same setup, which the absolute range (a shared error) overstates. None: no source has
+    two such runs."""
 
     def step_s(self, predicted: float) -> tuple[float, float]:
         """(low, high) step time in seconds around a predicted one."""
@@ -53,8 +58,10 @@ class Interval:
         return predicted / self.high, predicted / self.low
 
     def overlaps(self, step_a: float, step_b: float) -> bool:
-        """Whether the step-time ranges of two predictions (same interval) overlap: the model
-        cannot tell which of the two layouts is faster."""
+        """Whether the model cannot tell which of two layouts of one setup is faster: their
+        ratio is within `between`, or, without it, their step-time ranges overlap."""
+        if self.between is not None:
+            return max(step_a, step_b) <= self.between * min(step_a, step_b)
         a_low, a_high = self.step_s(step_a)
         b_low, b_high = self.step_s(step_b)
         return a_low <= b_high and b_low <= a_high
@@ -88,6 +95,16 @@ def residual_summary(ratios: Sequence[float], sources: int) -> dict[str, float |
             "rows": int(values.size), "sources": int(sources)}
 
 
+def between_summary(runs: Sequence[Sequence[float]]) -> dict[str, float | int] | None:
+    """What `constants.yaml` stores as `between_layouts`: over groups of measured / predicted
+    step-time ratios (each group: the held-out runs of one source and model), the largest
+    ratio of two ratios in one group, and how many pairs it is the maximum of; None without a
+    group of two."""
+    pairs = [max(g) / min(g) for g in runs if len(g) >= 2]
+    count = sum(len(g) * (len(g) - 1) // 2 for g in runs if len(g) >= 2)
+    return {"ratio": round(max(pairs), 4), "pairs": count} if pairs else None
+
+
 def prediction_interval(cfg: AutotuneConfig) -> Interval | None:
     """The interval of this setup's step-time predictions, or None when uncalibrated."""
     gpu = calibrated_gpu(cfg.cluster.gpu)
@@ -100,8 +117,10 @@ def prediction_interval(cfg: AutotuneConfig) -> Interval | None:
     if not stored:
         return None
     origin = (entry or {}).get("intervals_from") or gpu
+    between = ((entry or {}).get("between_layouts") or {}).get("ratio")
     return Interval(float(stored["low"]), float(stored["high"]), int(stored["rows"]),
-                    int(stored["sources"]), f"{origin}/{stack}/{key}")
+                    int(stored["sources"]), f"{origin}/{stack}/{key}",
+                    float(between) if between else None)
 
 
 def interval_text(cfg: AutotuneConfig) -> str:

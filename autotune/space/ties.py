@@ -1,5 +1,6 @@
-"""Layouts the model cannot tell apart: those whose predicted step-time interval
-(`autotune.costmodel.uncertainty`) overlaps the fastest one's are tied with it, and a tie goes
+"""Layouts the model cannot tell apart: those within the between-layout error of the fastest
+one (`autotune.costmodel.uncertainty.Interval.overlaps`; without it, those whose step-time
+interval overlaps the fastest one's) are tied with it, and a tie goes
 to the simpler layout (no offload, no FSDP / ZeRO-2/3, fewer interleaved chunks, no context
 parallelism, fewer pipeline stages, less tensor parallelism, less recompute)."""
 
@@ -23,8 +24,8 @@ def simplicity(layout: Layout) -> tuple[int, ...]:
 
 def rank_with_ties(estimates: Sequence[Estimate],
                    interval: Interval | None) -> list[tuple[Estimate, bool]]:
-    """`estimates` (fastest first) reordered: the layouts tied with the fastest (their step
-    ranges overlap its range) first, simplest first, each marked True; then the rest in their
+    """`estimates` (fastest first) reordered: the layouts tied with the fastest
+    (`Interval.overlaps`) first, simplest first, each marked True; then the rest in their
     order. Without an interval (uncalibrated) or with nothing tied, the order stays."""
     if interval is None or not estimates:
         return [(e, False) for e in estimates]

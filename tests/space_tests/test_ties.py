@@ -14,6 +14,7 @@ from autotune.cli.app import app
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.estimate import estimate
 from autotune.costmodel.uncertainty import Interval
+from autotune.costmodel.uncertainty import between_summary
 from autotune.frameworks import get_framework
 from autotune.layout import Layout
 from autotune.space.ties import rank_with_ties
@@ -82,3 +83,17 @@ def test_space_json_marks_ties_and_custom_gpus_are_uncalibrated(tmp_path) -> Non
     code, out = _invoke(["estimate", "-m", "llama3-8b", "-c", str(cluster), "--seq", "4096",
                          "--gbs", "64", "-l", "tp=1,zero=1,mbs=1", "--json"])
     assert code == 0 and json.loads(out)["interval"] == "uncalibrated"
+
+
+def test_the_between_layout_error_decides_ties_where_it_is_known() -> None:
+    """Oracle, by hand: with between 1.05 two layouts tie when the slower is at most 1.05x the
+    faster, though their ranges [0.9x, 1.3x] overlap up to 1.3/0.9 = 1.44x; the stored ratio is
+    the largest max/min within one group of held-out ratios: 1.1/0.95 over 3 + 1 pairs (a
+    group of one has no pair)."""
+    band = Interval(0.9, 1.3, rows=9, sources=3, key="test", between=1.05)
+    assert band.overlaps(1.0, 1.049) and band.overlaps(1.049, 1.0)
+    assert not band.overlaps(1.0, 1.06)
+    assert Interval(0.9, 1.3, rows=9, sources=3, key="test").overlaps(1.0, 1.4)
+    assert between_summary([[1.0, 1.1, 0.95], [1.2], [0.8, 0.84]]) == {
+        "ratio": round(1.1 / 0.95, 4), "pairs": 4}
+    assert between_summary([[1.2], [0.9]]) is None
