@@ -11,7 +11,7 @@ from rich.table import Table
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.uncertainty import UNCALIBRATED
 from autotune.costmodel.uncertainty import Interval
-from autotune.report.render import with_interval
+from autotune.numbers import with_interval
 from autotune.runners.factory import figure_label
 from autotune.scaling import THRESHOLDS
 from autotune.scaling import lost_text

@@ -16,11 +16,11 @@ from typing import Any
 
 from markupsafe import Markup
 
+from autotune.numbers import num
 from autotune.report import data
 from autotune.report import plots
 from autotune.report.render import Table
 from autotune.report.render import layout_text
-from autotune.report.render import num
 from autotune.report.render import pct
 from autotune.report.render import render_template
 from autotune.report.render import tflops

@@ -13,15 +13,15 @@ from typing import Any
 
 from markupsafe import Markup
 
+from autotune.numbers import compact
+from autotune.numbers import num
+from autotune.numbers import with_interval
 from autotune.report import plots
 from autotune.report.render import Table
-from autotune.report.render import compact
 from autotune.report.render import gib
 from autotune.report.render import layout_text
-from autotune.report.render import num
 from autotune.report.render import pct
 from autotune.report.render import render_template
-from autotune.report.render import with_interval
 from autotune.scaling import PART_LABELS
 
 PLAN_PLOTS = {

@@ -174,7 +174,7 @@ MIRROR: dict[str, tuple[str, ...]] = {
     "plan_tests": ("planning",),
     "render_tests": ("render", "templating", "launchers", "frameworks.megatron.args"),
     "repo_tests": (),
-    "report_tests": ("report",),
+    "report_tests": ("report", "numbers"),
     "runners_tests": ("runners", "measurement", "workloads.records", "trial",
                       "testing"),
     "scaling_tests": ("scaling", "verify"),

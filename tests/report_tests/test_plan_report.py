@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from helpers_report import EXTERNAL
 
+from autotune.numbers import compact
+from autotune.numbers import with_interval
 from autotune.planning.build import PlanConfig
 from autotune.planning.build import make_plan
 from autotune.planning.plan import Interval
 from autotune.report import compare
 from autotune.report.data import read_plan
 from autotune.report.plan import write_plan_report
-from autotune.report.render import compact
-from autotune.report.render import with_interval
 
 _DDP = "tp: [1, 2, 4, 8]\npp: [1, 2, 4, 8]\nzero: [0]\noffload: [none]\nmbs: [1]\nsp: [true]\n"
 
