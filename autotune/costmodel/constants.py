@@ -67,8 +67,8 @@ class Constants(BaseModel):
     backward, in model FLOPs (the backward's recompute of the scores is inside it); it runs at
     16 bits even in FP8 training. Unit: dimensionless. Source: FA2 (50-73 % forward on A100,
     backward slower; on H100 FA2 reaches ~35 % forward, FA3's baseline), FA3 (up to 75 %
-    forward on H100). Fit bounds 0.1-0.8: LLM Foundry's `attn_impl: triton` (the
-    triton-pre-mlir FlashAttention kernel, written for Ampere) reaches about 0.16 on H100
+    forward on H100). Fit bounds 0.1-0.8: LLM Foundry's `attn_impl: triton` (its Triton
+    FlashAttention kernel, on the triton-pre-mlir fork) reaches about 0.16 on H100
     (its benchmark table, MPT-3B on 8 H100 in bf16: 512 to 8,192 tokens adds 24.6 µs per
     token for 3.78 GFLOP of causal attention)."""
     flash_attention_efficiency: float = Field(default=0.3, gt=0, le=1)
