@@ -53,6 +53,7 @@ from autotune.calibration.published import open_dimensions
 from autotune.calibration.published import published_runs
 from autotune.costmodel.constants import Constants
 from autotune.costmodel.constants import constants_for
+from autotune.costmodel.constants import fp8_from_sixteen
 from autotune.costmodel.constants import table_path
 from autotune.costmodel.constants import write_table
 from autotune.costmodel.flops import model_flops
@@ -68,8 +69,9 @@ import peer_llm_analysis  # noqa: E402  (a benchmark module next to this script)
 FITTED = ("gemm_efficiency", "gemm_half_size", "attention_efficiency", "elementwise_passes",
           "fp8_gemm_efficiency")
 """Constants fitted per (GPU type, software stack) (bounds: autotune.costmodel.constants.
-FIT_BOUNDS); `fp8_gemm_efficiency` only where the pair has fp8 rows, `gemm_efficiency` only
-where it has 16-bit rows (each is otherwise unidentified and keeps its default). The collective
+FIT_BOUNDS); `fp8_gemm_efficiency` only where the pair has fp8 rows (otherwise it follows the
+fitted `gemm_efficiency`: `fp8_from_sixteen`), `gemm_efficiency` only where it has 16-bit rows
+(otherwise unidentified, it keeps its default). The collective
 and overlap constants stay at their nccl-tests / SM-share values: the published runs do not
 identify them (fitted, they run to opposite bounds on A100 and H100)."""
 
@@ -165,8 +167,11 @@ def fit_group(points: Sequence[Measured]) -> Constants:
     if not train:
         return Constants()
     anchored = any(len(p.layouts) == 1 for p in train)  # bounds alone pin nothing
-    k = fit_constants(train, prior(fit_source(train[0])), names_for(train),
+    names = names_for(train)
+    k = fit_constants(train, prior(fit_source(train[0])), names,
                       prior_sd=PRIOR_SD, open_as_bound=anchored)
+    if "fp8_gemm_efficiency" not in names:  # FP8 GEMMs follow the measured 16-bit ones
+        k = fp8_from_sixteen(k, train[0].cfg.cluster.gpu.peak_tflops)
     moe = [p for p in points if not fitted(p)]
     if not moe:
         return k

@@ -60,13 +60,17 @@ class Constants(BaseModel):
     fp8_gemm_efficiency: float = _fitted(0.65, 0.3, 0.95, gt=0, le=1)
     """Fraction of the dense FP8 peak that large FP8 GEMMs reach. Unit: dimensionless. Source:
     Transformer Engine FP8 GEMMs on H100 run about 1.7x their BF16 rate (the FP8 peak is 2x, and
-    per-tensor scaling kernels reach a lower fraction of it). Fit bounds 0.3-0.95 (fp8 rows)."""
-    attention_efficiency: float = _fitted(0.5, 0.25, 0.8, gt=0, le=1)
+    per-tensor scaling kernels reach a lower fraction of it; `FP8_GEMM_SPEEDUP`, which sets it
+    where no fp8 rows identify it: `fp8_from_sixteen`). Fit bounds 0.3-0.95 (fp8 rows)."""
+    attention_efficiency: float = _fitted(0.5, 0.1, 0.8, gt=0, le=1)
     """Fraction of the dense 16-bit peak that fused (flash) attention reaches, forward plus
     backward, in model FLOPs (the backward's recompute of the scores is inside it); it runs at
     16 bits even in FP8 training. Unit: dimensionless. Source: FA2 (50-73 % forward on A100,
     backward slower; on H100 FA2 reaches ~35 % forward, FA3's baseline), FA3 (up to 75 %
-    forward on H100). Fit bounds 0.25-0.8."""
+    forward on H100). Fit bounds 0.1-0.8: LLM Foundry's `attn_impl: triton` (its Triton
+    FlashAttention kernel, on the triton-pre-mlir fork) reaches about 0.16 on H100
+    (its benchmark table, MPT-3B on 8 H100 in bf16: 512 to 8,192 tokens adds 24.6 µs per
+    token for 3.78 GFLOP of causal attention)."""
     flash_attention_efficiency: float = Field(default=0.3, gt=0, le=1)
     """`attention_efficiency` of FlashAttention-2 (the flash-attn package) where Transformer
     Engine is told to run it instead of its fused backend (`TrainSpec.attention_backend`
@@ -188,6 +192,21 @@ FIT_BOUNDS: dict[str, tuple[float, float]] = {
     if isinstance(field.json_schema_extra, dict) and "fit" in field.json_schema_extra
 }
 """Constants the fit may move, with their physical bounds."""
+
+FP8_GEMM_SPEEDUP = 1.7
+"""Rate of a Transformer Engine FP8 GEMM over the 16-bit GEMM of the same shape on H100 (the
+`fp8_gemm_efficiency` source). Unit: dimensionless."""
+
+
+def fp8_from_sixteen(k: Constants, peak_tflops: Mapping[str, float]) -> Constants:
+    """`k` with `fp8_gemm_efficiency` at `FP8_GEMM_SPEEDUP` times its 16-bit GEMM rate, as a
+    fraction of the FP8 peak, within its fit bounds: where no fp8 run identifies it, FP8 GEMMs
+    follow the 16-bit ones the runs did measure. `k` itself on a GPU without an FP8 peak."""
+    if "fp8" not in peak_tflops or "bf16" not in peak_tflops:
+        return k
+    low, high = FIT_BOUNDS["fp8_gemm_efficiency"]
+    rate = FP8_GEMM_SPEEDUP * k.gemm_efficiency * peak_tflops["bf16"] / peak_tflops["fp8"]
+    return k.model_copy(update={"fp8_gemm_efficiency": min(max(rate, low), high)})
 
 
 def table_path() -> Path:

@@ -303,6 +303,16 @@ class DeepSpeed(Framework):
         `ColumnParallel.backward` (`module_inject/layers.py`), synchronously."""
         return 3 + (2 if cfg.model.gated else 1)
 
+    def grad_reduce_bytes(self, cfg: AutotuneConfig) -> int:
+        """DeepSpeed reduces in the gradients' dtype (`communication_data_type`); the PyTorch
+        FSDP runs this framework also expresses (`TrainSpec.stack` pytorch) reduce 16-bit
+        training's gradients in fp32, 4 B: FSDP `MixedPrecision(reduce_dtype=torch.float32)`,
+        as Composer's `mixed_precision: DEFAULT` (LLM Foundry; `get_mixed_precision` from
+        v0.16) and torchtitan's `mixed_precision_reduce` default set it."""
+        if cfg.train.software_stack == "pytorch":
+            return max(element_bytes(cfg), 4)
+        return super().grad_reduce_bytes(cfg)
+
     def grad_bucket_params(
         self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray
     ) -> np.ndarray:
