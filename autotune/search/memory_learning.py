@@ -23,7 +23,9 @@ sampled (draws of the peaks' Gaussian posterior, each weighted with every limit 
 the censored trials, then resampled; Gelbart, Snoek and Adams 2014, "Bayesian optimization
 with unknown constraints"): an OOM lowers L or raises the factors of layouts like it, in
 proportion to how well each explains it, so an OOM in a ZeRO-3 layout costs ZeRO-3's
-neighbours more probability of fitting than other families'. A new layout's need also misses
+neighbours more probability of fitting than other families'; its need misses by what its
+family's layouts miss by (`MemoryFit.miss_sd`), so an OOM in a family the model predicts
+badly lowers L less. A new layout's need also misses
 by `ROW_SD` (structure the fit cannot see, e.g. fragmentation growing with the pipeline); how
 much is learned from the trials' own out-of-sample misses, per memory family (recompute mode
 and state family; `row_sd`: each measured peak against the need the trials before it
@@ -304,7 +306,8 @@ def fit_memory(
         shift = shift + x.T @ (weight * y)
     cov = np.linalg.inv(precision)
     mean = cov @ shift
-    fit = MemoryFit(mean, cov, 0.0, 0.0, int(measured.sum()), int((status == "oom").sum()))
+    fit = MemoryFit(mean, cov, 0.0, 0.0, int(measured.sum()), int((status == "oom").sum()),
+                    row_sd=row_sd, family_sd=np.zeros(0) if family_sd is None else family_sd)
     offset = float(mean[-1])
     oom = np.flatnonzero(status == "oom")
     if measured.any() and len(oom):  # an OOM below a level that fitted: its family needs more
@@ -332,18 +335,21 @@ def fit_memory(
         level = peak[i] / GIB
         log_p += log_ndtr((grid - level) / (PEAK_NOISE * level))
     # draws of the parameters (common random numbers: the same draws for every call), each
-    # weighted jointly with the limit by the censored trials (what a trial's own layout misses
-    # by is shared with its neighbours: the limit takes it)
+    # weighted jointly with the limit by the censored trials; a censored trial's need misses
+    # by its peak's noise and by what its layout misses by (`MemoryFit.miss_sd`, the σ
+    # `p_fit` charged it before it ran), so an OOM of a family the model predicts badly says
+    # less about the limit every layout shares
     epsilon = np.random.default_rng(0).standard_normal((SAMPLES, len(mean)))
     theta = fit.mean + epsilon @ np.linalg.cholesky(cov).T
     censored = np.flatnonzero(status == "oom"), np.flatnonzero((status == "ok") & ~measured)
     log_w = np.broadcast_to(log_p, (SAMPLES, GRID)).copy()
     if joint:
+        miss = np.hypot(PEAK_NOISE, fit.miss_sd(parts))
         for sign, rows_i in zip((1.0, -1.0), censored, strict=True):
             for i in rows_i:
                 row = parts.take(np.array([i]))
                 need_i = (row.fixed[0] / GIB + theta @ row.design()[0])[:, None]
-                log_w += log_ndtr(sign * (need_i - grid[None, :]) / (PEAK_NOISE * need_i))
+                log_w += log_ndtr(sign * (need_i - grid[None, :]) / (miss[i] * need_i))
     else:
         need_all, sd_all = fit.need(parts)
         for sign, rows_i in zip((1.0, -1.0), censored, strict=True):
