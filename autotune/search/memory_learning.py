@@ -32,9 +32,11 @@ and state family; `row_sd`: each measured peak against the need the trials befor
 predicted, shrunk towards `ROW_SD`): a measured family's layouts are charged its own misses,
 an unmeasured family's the misses of the families' first peaks, so a ZeRO-3 peak 33 % above
 its prior need makes the untried families risky, not the layouts beside well-predicted ZeRO-1
-peaks. An OOM below a peak that fitted raises its family's need: the state family's factor
-where only its recompute mode has a measured peak (an offloaded layout's staging buffers),
-the recompute mode's where only the state family has one, half each otherwise.
+peaks. An OOM below a peak that fitted raises its family's need by the parameters' share of
+the deficit (their variance in its need against its own miss's: the rest is its own miss,
+which only its grid shares): the state family's factor where only its recompute mode has a
+measured peak (an offloaded layout's staging buffers), the recompute mode's where only the
+state family has one, half each otherwise.
 `MemoryFit.p_fit` is the probability that a layout fits (`p_fit_beside_oom` beside an OOM of
 its grid, whose miss it shares); the proposer charges it in the
 acquisition (an OOM is a trial spent) and proposes only layouts likely enough to fit
@@ -310,23 +312,8 @@ def fit_memory(
                     row_sd=row_sd, family_sd=np.zeros(0) if family_sd is None else family_sd)
     offset = float(mean[-1])
     oom = np.flatnonzero(status == "oom")
-    if measured.any() and len(oom):  # an OOM below a level that fitted: its family needs more
-        level = float(peak[measured].max()) / GIB
-        need, _ = fit.need(parts.take(oom))
-        raised = mean.copy()
-        codes = parts.state_codes()
-        for j, i in enumerate(oom):
-            deficit = level / (1 - OOM_GAP) - need[j] / GIB
-            if deficit <= 0:
-                continue
-            share = oom_states_share(parts.family[i] in parts.family[measured],
-                                     codes[i] in codes[measured], parts.activation[i] > 0)
-            a, b = 1 + int(parts.family[i]), 2 + FAMILIES + int(codes[i])
-            raised[a] = max(raised[a], mean[a] + (1 - share) * deficit * GIB
-                            / max(float(parts.activation[i]), 1.0))
-            raised[b] = max(raised[b], mean[b] + share * deficit * GIB
-                            / max(float(parts.fixed[i]), 1.0))
-        mean = raised
+    if measured.any() and len(oom):  # an OOM below a level that fitted: its need is above it
+        mean = raise_below_level(fit, parts, oom, measured, float(peak[measured].max()) / GIB)
         fit = dataclasses.replace(fit, mean=mean)
     base = (usable_gpu_bytes(cfg, k) - k.runtime_memory_gib * GIB) / GIB + offset
     grid = base + PRIOR_LIMIT_SD_GIB * np.linspace(-6.0, 6.0, GRID)
@@ -373,6 +360,36 @@ def fit_memory(
                                limits_gib=grid, weights=weights, row_sd=row_sd,
                                family_sd=np.zeros(0) if family_sd is None else family_sd,
                                draws=theta[pick // GRID], limit_draws_gib=grid[pick % GRID])
+
+
+def raise_below_level(fit: MemoryFit, parts: MemoryParts, oom: np.ndarray,
+                      measured: np.ndarray, level_gib: float) -> np.ndarray:
+    """The need's parameters after each OOM below `level_gib` (a peak that fitted, so the
+    limit is above it): its need must be `OOM_GAP` above that level. The deficit is the
+    shared parameters' in the share of the need's variance they hold (the Gaussian update's
+    gain, v / (v + m²), v the need's variance from the parameters, m its own miss,
+    `MemoryFit.miss_sd`) and the layout's own miss in the rest, which only its grid shares
+    (`MemoryFit.p_fit_beside_oom`); `oom_states_share` splits the shared part between its
+    state family's and its recompute mode's factors."""
+    mean = fit.mean.copy()
+    rows = parts.take(oom)
+    need, sd = fit.need(rows)
+    miss = fit.miss_sd(rows) * need
+    codes = parts.state_codes()
+    target = level_gib / (1 - OOM_GAP)
+    for j, i in enumerate(oom):
+        gain = sd[j] ** 2 / (sd[j] ** 2 + miss[j] ** 2)
+        deficit = gain * (target - need[j] / GIB)
+        if deficit <= 0:
+            continue
+        share = oom_states_share(parts.family[i] in parts.family[measured],
+                                 codes[i] in codes[measured], parts.activation[i] > 0)
+        a, b = 1 + int(parts.family[i]), 2 + FAMILIES + int(codes[i])
+        mean[a] = max(mean[a], fit.mean[a] + (1 - share) * deficit * GIB
+                      / max(float(parts.activation[i]), 1.0))
+        mean[b] = max(mean[b], fit.mean[b] + share * deficit * GIB
+                      / max(float(parts.fixed[i]), 1.0))
+    return mean
 
 
 def oom_states_share(recompute_measured: bool, states_measured: bool,
