@@ -29,7 +29,8 @@ badly lowers L less. A new layout's need also misses
 by `ROW_SD` (structure the fit cannot see, e.g. fragmentation growing with the pipeline); how
 much is learned from the trials' own out-of-sample misses, per memory family (recompute mode
 and state family; `row_sd`: each measured peak against the need the trials before it
-predicted, shrunk towards `ROW_SD`): a measured family's layouts are charged its own misses,
+predicted, and each OOM as a miss of at least what clears the highest fitted peak, shrunk
+towards `ROW_SD`): a measured family's layouts are charged its own misses,
 an unmeasured family's the misses of the families' first peaks, so a ZeRO-3 peak 33 % above
 its prior need makes the untried families risky, not the layouts beside well-predicted ZeRO-1
 peaks. An OOM below a peak that fitted raises its family's need by the parameters' share of
@@ -433,6 +434,10 @@ def row_sd(
       misses with `ROW_SD_WEIGHT` pseudo-misses of the within σ, an unmeasured family the
       larger of within and first.
 
+    An OOM is a censored miss (`_shrunk`): every peak that fitted is below the limit, so its
+    need missed by at least log(the highest such peak / what the trials before it
+    predicted), and it counts in the same σ as a peak of its family would.
+
     A ZeRO-3 peak 33 % above the prior need says its untried neighbours and the untried
     families may miss by that much, not that a ZeRO-1 layout beside a ZeRO-1 peak the model
     predicted within 5 % does."""
@@ -440,22 +445,43 @@ def row_sd(
     firsts: list[bool] = []
     families = parts.memory_family()
     measured = (status == "ok") & np.isfinite(peak) & (peak > 0)
-    for j in np.flatnonzero(measured):
+    # an OOM's miss is censored: its need was above the limit, which is above every peak
+    # that fitted, so it missed by at least log(that level / what the trials before it
+    # predicted)
+    censored = (status == "oom") & measured.any()
+    level = float(peak[measured].max()) if measured.any() else np.nan
+    for j in np.flatnonzero(measured | censored):
         before = np.arange(j)
         fit = fit_memory(cfg, k, parts.take(before), status[before], peak[before],
                          joint=False)
         need, _ = fit.need(parts.take(np.array([j])))
-        misses.append(float(np.log(peak[j] / need[0])))
+        misses.append(float(np.log((peak[j] if measured[j] else level) / need[0])))
         firsts.append(families[j] not in families[before][measured[before]])
     miss, first = np.array(misses), np.array(firsts, dtype=bool)
-    within = _shrunk(miss[~first], ROW_SD)
-    per_family = np.full(FAMILIES * STATE_FAMILIES, max(within, _shrunk(miss[first], ROW_SD)))
-    for f in np.unique(families[measured]):
-        per_family[f] = _shrunk(miss[families[measured] == f], within)
+    lower = censored[measured | censored]
+    trial_families = families[measured | censored]
+    within = _shrunk(miss[~first], ROW_SD, lower[~first])
+    unmeasured = max(within, _shrunk(miss[first], ROW_SD, lower[first]))
+    per_family = np.full(FAMILIES * STATE_FAMILIES, unmeasured)
+    for f in np.unique(trial_families):
+        mine = trial_families == f
+        prior = within if (families[measured] == f).any() else unmeasured
+        per_family[f] = _shrunk(miss[mine], prior, lower[mine])
     return within, per_family
 
 
-def _shrunk(misses: np.ndarray, prior: float) -> float:
-    """RMS of log `misses` with `ROW_SD_WEIGHT` pseudo-misses of `prior`."""
-    total = float(np.sum(np.square(misses))) + ROW_SD_WEIGHT * prior**2
-    return float(np.sqrt(total / (len(misses) + ROW_SD_WEIGHT)))
+def _shrunk(misses: np.ndarray, prior: float, censored: np.ndarray | None = None) -> float:
+    """RMS of log `misses` with `ROW_SD_WEIGHT` pseudo-misses of `prior`; where `censored`,
+    the miss is only known to be above the value (an OOM), and counts by its expected square
+    given that (E[r² | r > b] = σ² (1 + z λ(z)), z = b / σ, λ the inverse Mills ratio),
+    σ solved by fixed-point iteration (expectation-maximisation for a censored normal)."""
+    lower = np.zeros(len(misses), dtype=bool) if censored is None else censored
+    exact, bound = misses[~lower], misses[lower]
+    total = float(np.sum(np.square(exact))) + ROW_SD_WEIGHT * prior**2
+    count = len(misses) + ROW_SD_WEIGHT
+    sd = float(np.sqrt(total / (len(exact) + ROW_SD_WEIGHT)))
+    for _ in range(50 if len(bound) else 0):
+        z = bound / sd
+        mills = np.exp(-0.5 * z**2 - 0.5 * np.log(2 * np.pi) - log_ndtr(-z))
+        sd = float(np.sqrt((total + sd**2 * float(np.sum(1 + z * mills))) / count))
+    return sd

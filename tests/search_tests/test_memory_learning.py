@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy.integrate import trapezoid
+from scipy.optimize import brentq
 from scipy.stats import norm
+from scipy.stats import truncnorm
 
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.estimate import Estimates
@@ -86,6 +88,37 @@ def test_a_layouts_miss_is_learned_from_the_peaks_out_of_sample() -> None:
     unsure = fit_memory(CFG, K, rows.take(np.zeros(0, dtype=int)), ok[:0], np.zeros(0),
                         family_sd=np.full(9, learned))
     assert unsure.p_fit(edge)[0] < sure.p_fit(edge)[0] - 0.03
+
+
+def test_an_ooms_miss_counts_as_censored_in_its_familys_miss() -> None:
+    """Oracle: scipy's truncated normal and root finder, on a case worked by hand. The first
+    trial (full recompute, 30 + 20 GiB) ran out of memory; the second (no recompute, 40 + 30)
+    fitted with a 70 GiB peak, as the prior predicted (its miss 0). So the limit is above 70
+    GiB, and the OOM, predicted at 50 GiB by the prior, missed by at least
+    b = log(70 / 50). Its family's σ, with 2 pseudo-misses of the first peaks' σ u, solves
+    σ² = (2 u² + σ² E[z² | z > b / σ]) / 3, and u, the first peaks' (the OOM's and the
+    peak's, both their families' first), σ² = (2 · 0.03² + 0 + σ² E[z² | z > b / σ]) / 4;
+    the peak's family keeps sqrt(2 · 0.03² / 3) = 0.0245. Before, an OOM left every σ at
+    what the peaks said: on Mixtral 8x7B three OOMs came at P(fit) 0.95-0.97."""
+    rows = parts([30, 40], [20, 30], [2, 0])
+    status = np.array(["oom", "ok"], dtype=object)
+    peak = np.array([np.nan, 70 * GIB])
+    bound = np.log(70 / 50)
+
+    def solve(prior_total: float, count: int) -> float:
+        def gap(sd: float) -> float:
+            tail = truncnorm(bound / sd, np.inf).moment(2) * sd**2
+            return sd**2 - (prior_total + tail) / count
+        return float(brentq(gap, 1e-3, 1.0))
+
+    first = solve(2 * 0.03**2, 4)
+    own = solve(2 * first**2, 3)
+    within, by_family = row_sd(CFG, K, rows, status, peak)
+    assert within == pytest.approx(0.03, abs=1e-9)
+    assert by_family[0] == pytest.approx(np.sqrt(2 * 0.03**2 / 3), abs=1e-6)
+    assert by_family[2 * 3] == pytest.approx(own, abs=1e-4)
+    assert by_family[1] == pytest.approx(first, abs=1e-4)
+    assert own > first > 0.1
 
 
 def test_a_familys_own_misses_set_its_layouts_risk() -> None:
