@@ -23,16 +23,21 @@ sampled (draws of the peaks' Gaussian posterior, each weighted with every limit 
 the censored trials, then resampled; Gelbart, Snoek and Adams 2014, "Bayesian optimization
 with unknown constraints"): an OOM lowers L or raises the factors of layouts like it, in
 proportion to how well each explains it, so an OOM in a ZeRO-3 layout costs ZeRO-3's
-neighbours more probability of fitting than other families'. A new layout's need also misses
+neighbours more probability of fitting than other families'; its need misses by what its
+family's layouts miss by (`MemoryFit.miss_sd`), so an OOM in a family the model predicts
+badly lowers L less. A new layout's need also misses
 by `ROW_SD` (structure the fit cannot see, e.g. fragmentation growing with the pipeline); how
 much is learned from the trials' own out-of-sample misses, per memory family (recompute mode
 and state family; `row_sd`: each measured peak against the need the trials before it
-predicted, shrunk towards `ROW_SD`): a measured family's layouts are charged its own misses,
+predicted, and each OOM as a miss of at least what clears the highest fitted peak, shrunk
+towards `ROW_SD`): a measured family's layouts are charged its own misses,
 an unmeasured family's the misses of the families' first peaks, so a ZeRO-3 peak 33 % above
 its prior need makes the untried families risky, not the layouts beside well-predicted ZeRO-1
-peaks. An OOM below a peak that fitted raises its family's need: the state family's factor
-where only its recompute mode has a measured peak (an offloaded layout's staging buffers),
-the recompute mode's where only the state family has one, half each otherwise.
+peaks. An OOM below a peak that fitted raises its family's need by the parameters' share of
+the deficit (their variance in its need against its own miss's: the rest is its own miss,
+which only its grid shares): the state family's factor where only its recompute mode has a
+measured peak (an offloaded layout's staging buffers), the recompute mode's where only the
+state family has one, half each otherwise.
 `MemoryFit.p_fit` is the probability that a layout fits (`p_fit_beside_oom` beside an OOM of
 its grid, whose miss it shares); the proposer charges it in the
 acquisition (an OOM is a trial spent) and proposes only layouts likely enough to fit
@@ -304,26 +309,12 @@ def fit_memory(
         shift = shift + x.T @ (weight * y)
     cov = np.linalg.inv(precision)
     mean = cov @ shift
-    fit = MemoryFit(mean, cov, 0.0, 0.0, int(measured.sum()), int((status == "oom").sum()))
+    fit = MemoryFit(mean, cov, 0.0, 0.0, int(measured.sum()), int((status == "oom").sum()),
+                    row_sd=row_sd, family_sd=np.zeros(0) if family_sd is None else family_sd)
     offset = float(mean[-1])
     oom = np.flatnonzero(status == "oom")
-    if measured.any() and len(oom):  # an OOM below a level that fitted: its family needs more
-        level = float(peak[measured].max()) / GIB
-        need, _ = fit.need(parts.take(oom))
-        raised = mean.copy()
-        codes = parts.state_codes()
-        for j, i in enumerate(oom):
-            deficit = level / (1 - OOM_GAP) - need[j] / GIB
-            if deficit <= 0:
-                continue
-            share = oom_states_share(parts.family[i] in parts.family[measured],
-                                     codes[i] in codes[measured], parts.activation[i] > 0)
-            a, b = 1 + int(parts.family[i]), 2 + FAMILIES + int(codes[i])
-            raised[a] = max(raised[a], mean[a] + (1 - share) * deficit * GIB
-                            / max(float(parts.activation[i]), 1.0))
-            raised[b] = max(raised[b], mean[b] + share * deficit * GIB
-                            / max(float(parts.fixed[i]), 1.0))
-        mean = raised
+    if measured.any() and len(oom):  # an OOM below a level that fitted: its need is above it
+        mean = raise_below_level(fit, parts, oom, measured, float(peak[measured].max()) / GIB)
         fit = dataclasses.replace(fit, mean=mean)
     base = (usable_gpu_bytes(cfg, k) - k.runtime_memory_gib * GIB) / GIB + offset
     grid = base + PRIOR_LIMIT_SD_GIB * np.linspace(-6.0, 6.0, GRID)
@@ -332,18 +323,21 @@ def fit_memory(
         level = peak[i] / GIB
         log_p += log_ndtr((grid - level) / (PEAK_NOISE * level))
     # draws of the parameters (common random numbers: the same draws for every call), each
-    # weighted jointly with the limit by the censored trials (what a trial's own layout misses
-    # by is shared with its neighbours: the limit takes it)
+    # weighted jointly with the limit by the censored trials; a censored trial's need misses
+    # by its peak's noise and by what its layout misses by (`MemoryFit.miss_sd`, the σ
+    # `p_fit` charged it before it ran), so an OOM of a family the model predicts badly says
+    # less about the limit every layout shares
     epsilon = np.random.default_rng(0).standard_normal((SAMPLES, len(mean)))
     theta = fit.mean + epsilon @ np.linalg.cholesky(cov).T
     censored = np.flatnonzero(status == "oom"), np.flatnonzero((status == "ok") & ~measured)
     log_w = np.broadcast_to(log_p, (SAMPLES, GRID)).copy()
     if joint:
+        miss = np.hypot(PEAK_NOISE, fit.miss_sd(parts))
         for sign, rows_i in zip((1.0, -1.0), censored, strict=True):
             for i in rows_i:
                 row = parts.take(np.array([i]))
                 need_i = (row.fixed[0] / GIB + theta @ row.design()[0])[:, None]
-                log_w += log_ndtr(sign * (need_i - grid[None, :]) / (PEAK_NOISE * need_i))
+                log_w += log_ndtr(sign * (need_i - grid[None, :]) / (miss[i] * need_i))
     else:
         need_all, sd_all = fit.need(parts)
         for sign, rows_i in zip((1.0, -1.0), censored, strict=True):
@@ -367,6 +361,36 @@ def fit_memory(
                                limits_gib=grid, weights=weights, row_sd=row_sd,
                                family_sd=np.zeros(0) if family_sd is None else family_sd,
                                draws=theta[pick // GRID], limit_draws_gib=grid[pick % GRID])
+
+
+def raise_below_level(fit: MemoryFit, parts: MemoryParts, oom: np.ndarray,
+                      measured: np.ndarray, level_gib: float) -> np.ndarray:
+    """The need's parameters after each OOM below `level_gib` (a peak that fitted, so the
+    limit is above it): its need must be `OOM_GAP` above that level. The deficit is the
+    shared parameters' in the share of the need's variance they hold (the Gaussian update's
+    gain, v / (v + m²), v the need's variance from the parameters, m its own miss,
+    `MemoryFit.miss_sd`) and the layout's own miss in the rest, which only its grid shares
+    (`MemoryFit.p_fit_beside_oom`); `oom_states_share` splits the shared part between its
+    state family's and its recompute mode's factors."""
+    mean = fit.mean.copy()
+    rows = parts.take(oom)
+    need, sd = fit.need(rows)
+    miss = fit.miss_sd(rows) * need
+    codes = parts.state_codes()
+    target = level_gib / (1 - OOM_GAP)
+    for j, i in enumerate(oom):
+        gain = sd[j] ** 2 / (sd[j] ** 2 + miss[j] ** 2)
+        deficit = gain * (target - need[j] / GIB)
+        if deficit <= 0:
+            continue
+        share = oom_states_share(parts.family[i] in parts.family[measured],
+                                 codes[i] in codes[measured], parts.activation[i] > 0)
+        a, b = 1 + int(parts.family[i]), 2 + FAMILIES + int(codes[i])
+        mean[a] = max(mean[a], fit.mean[a] + (1 - share) * deficit * GIB
+                      / max(float(parts.activation[i]), 1.0))
+        mean[b] = max(mean[b], fit.mean[b] + share * deficit * GIB
+                      / max(float(parts.fixed[i]), 1.0))
+    return mean
 
 
 def oom_states_share(recompute_measured: bool, states_measured: bool,
@@ -410,6 +434,10 @@ def row_sd(
       misses with `ROW_SD_WEIGHT` pseudo-misses of the within σ, an unmeasured family the
       larger of within and first.
 
+    An OOM is a censored miss (`_shrunk`): every peak that fitted is below the limit, so its
+    need missed by at least log(the highest such peak / what the trials before it
+    predicted), and it counts in the same σ as a peak of its family would.
+
     A ZeRO-3 peak 33 % above the prior need says its untried neighbours and the untried
     families may miss by that much, not that a ZeRO-1 layout beside a ZeRO-1 peak the model
     predicted within 5 % does."""
@@ -417,22 +445,43 @@ def row_sd(
     firsts: list[bool] = []
     families = parts.memory_family()
     measured = (status == "ok") & np.isfinite(peak) & (peak > 0)
-    for j in np.flatnonzero(measured):
+    # an OOM's miss is censored: its need was above the limit, which is above every peak
+    # that fitted, so it missed by at least log(that level / what the trials before it
+    # predicted)
+    censored = (status == "oom") & measured.any()
+    level = float(peak[measured].max()) if measured.any() else np.nan
+    for j in np.flatnonzero(measured | censored):
         before = np.arange(j)
         fit = fit_memory(cfg, k, parts.take(before), status[before], peak[before],
                          joint=False)
         need, _ = fit.need(parts.take(np.array([j])))
-        misses.append(float(np.log(peak[j] / need[0])))
+        misses.append(float(np.log((peak[j] if measured[j] else level) / need[0])))
         firsts.append(families[j] not in families[before][measured[before]])
     miss, first = np.array(misses), np.array(firsts, dtype=bool)
-    within = _shrunk(miss[~first], ROW_SD)
-    per_family = np.full(FAMILIES * STATE_FAMILIES, max(within, _shrunk(miss[first], ROW_SD)))
-    for f in np.unique(families[measured]):
-        per_family[f] = _shrunk(miss[families[measured] == f], within)
+    lower = censored[measured | censored]
+    trial_families = families[measured | censored]
+    within = _shrunk(miss[~first], ROW_SD, lower[~first])
+    unmeasured = max(within, _shrunk(miss[first], ROW_SD, lower[first]))
+    per_family = np.full(FAMILIES * STATE_FAMILIES, unmeasured)
+    for f in np.unique(trial_families):
+        mine = trial_families == f
+        prior = within if (families[measured] == f).any() else unmeasured
+        per_family[f] = _shrunk(miss[mine], prior, lower[mine])
     return within, per_family
 
 
-def _shrunk(misses: np.ndarray, prior: float) -> float:
-    """RMS of log `misses` with `ROW_SD_WEIGHT` pseudo-misses of `prior`."""
-    total = float(np.sum(np.square(misses))) + ROW_SD_WEIGHT * prior**2
-    return float(np.sqrt(total / (len(misses) + ROW_SD_WEIGHT)))
+def _shrunk(misses: np.ndarray, prior: float, censored: np.ndarray | None = None) -> float:
+    """RMS of log `misses` with `ROW_SD_WEIGHT` pseudo-misses of `prior`; where `censored`,
+    the miss is only known to be above the value (an OOM), and counts by its expected square
+    given that (E[r² | r > b] = σ² (1 + z λ(z)), z = b / σ, λ the inverse Mills ratio),
+    σ solved by fixed-point iteration (expectation-maximisation for a censored normal)."""
+    lower = np.zeros(len(misses), dtype=bool) if censored is None else censored
+    exact, bound = misses[~lower], misses[lower]
+    total = float(np.sum(np.square(exact))) + ROW_SD_WEIGHT * prior**2
+    count = len(misses) + ROW_SD_WEIGHT
+    sd = float(np.sqrt(total / (len(exact) + ROW_SD_WEIGHT)))
+    for _ in range(50 if len(bound) else 0):
+        z = bound / sd
+        mills = np.exp(-0.5 * z**2 - 0.5 * np.log(2 * np.pi) - log_ndtr(-z))
+        sd = float(np.sqrt((total + sd**2 * float(np.sum(1 + z * mills))) / count))
+    return sd
