@@ -293,8 +293,7 @@ def tune(
         )
         if ranked:
             console.print(records_table(f"Top layouts ({label} and predicted)",
-                                         ranked[: top_k + 1], label,
-                                         prediction_interval(run.problem.load())))
+                                         ranked[: top_k + 1], label, run.problem.load()))
             if outcome.refit is not None and outcome.refit.trials:
                 console.print(outcome.refit.table())
             if outcome.scaled is not None:

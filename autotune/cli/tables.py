@@ -9,9 +9,9 @@ from typing import Any
 from rich.table import Table
 
 from autotune.costmodel.estimate import Estimate
-from autotune.costmodel.uncertainty import UNCALIBRATED
-from autotune.costmodel.uncertainty import Interval
-from autotune.numbers import with_interval
+from autotune.costmodel.uncertainty import prediction_interval
+from autotune.costmodel.uncertainty import range_note
+from autotune.costmodel.uncertainty import with_range
 from autotune.runners.factory import figure_label
 from autotune.scaling import THRESHOLDS
 from autotune.scaling import lost_text
@@ -52,12 +52,11 @@ def rules_table(removed: dict[str, int], total: int) -> Table:
 
 
 def records_table(title: str, records: list[dict[str, Any]], label: str,
-                  band: Interval | None) -> Table:
+                  cfg: AutotuneConfig) -> Table:
     """Ranked trials: `label` (measured or simulated) against predicted tokens/s, each
-    prediction with its range from `band` (the caption says uncalibrated without one)."""
-    caption = (f"predicted (low–high): {band.text()}, {band.origin()}" if band else
-               f"predicted tok/s {UNCALIBRATED}: no published runs bound this setup's error")
-    table = Table(title=title, caption=caption)
+    prediction with its range (the caption says where it comes from, or why there is none)."""
+    band = prediction_interval(cfg)
+    table = Table(title=title, caption=range_note(cfg, band))
     for column in ("#", "trial", "layout", f"{label} tok/s", "predicted tok/s", "error", "MFU",
                    "mem GiB"):
         table.add_column(
@@ -69,10 +68,9 @@ def records_table(title: str, records: list[dict[str, Any]], label: str,
         guess = predicted.get("tokens_per_s") or 0.0
         error = f"{round(guess / measured - 1, 3) + 0.0:+.1%}" if measured and guess else "-"
         mfu = measured_figure(r, "mfu")
-        low, high = band.throughput(guess) if band and guess else (None, None)
         table.add_row(
             str(rank), str(r["number"]), str(r["layout"]), f"{measured:,.0f}",
-            with_interval(guess, low, high), error, f"{mfu:.1%}" if mfu else "-",
+            with_range(guess, band), error, f"{mfu:.1%}" if mfu else "-",
             gib(predicted.get("peak_memory_bytes") or 0.0),
         )
     return table

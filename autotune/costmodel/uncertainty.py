@@ -26,6 +26,7 @@ import numpy as np
 
 from autotune.costmodel.constants import calibrated_gpu
 from autotune.costmodel.constants import calibration
+from autotune.numbers import with_interval
 from autotune.specs import AutotuneConfig
 
 UNCALIBRATED = "uncalibrated"
@@ -141,3 +142,17 @@ def uncalibrated_text(cfg: AutotuneConfig) -> str:
         used = "the model's defaults"
     return (f"{UNCALIBRATED}: no published runs of {gpu.name} with {stack} bound the error; "
             f"the figures use {used}")
+
+
+def with_range(tokens_per_s: float | None, band: Interval | None) -> str:
+    """A predicted tokens/s with its range (low–high) where the setup has an interval."""
+    low, high = band.throughput(tokens_per_s) if band and tokens_per_s else (None, None)
+    return with_interval(tokens_per_s, low, high)
+
+
+def range_note(cfg: AutotuneConfig, band: Interval | None) -> str:
+    """Where the ranges `with_range` prints come from (`band`: `prediction_interval(cfg)`), or
+    why there are none."""
+    if band is None:
+        return f"predicted figures are {uncalibrated_text(cfg)}"
+    return f"predicted tokens/s (low–high): {band.text()}, {band.origin()}"

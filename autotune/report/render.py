@@ -26,16 +26,15 @@ from autotune.costmodel.memory import usable_gpu_bytes
 from autotune.costmodel.step_time import TIME_PARTS
 from autotune.costmodel.uncertainty import Interval
 from autotune.costmodel.uncertainty import prediction_interval
-from autotune.costmodel.uncertainty import uncalibrated_text
+from autotune.costmodel.uncertainty import range_note
+from autotune.costmodel.uncertainty import with_range
 from autotune.layout import Layout
 from autotune.numbers import num
-from autotune.numbers import with_interval
 from autotune.report import data
 from autotune.report import plots
 from autotune.scaling import PART_LABELS
 from autotune.scaling import lost_text
 from autotune.space.rules import MEMORY_RULE_NAMES
-from autotune.specs import AutotuneConfig
 from autotune.templating import register_filters
 from autotune.units import GIB
 from autotune.verify import read_verify
@@ -118,6 +117,11 @@ class Table:
 
 
 # --- formatting -------------------------------------------------------------------------------
+
+
+def sentence(text: str) -> str:
+    """`text` with its first letter capitalised and a full stop."""
+    return text[:1].upper() + text[1:] + "."
 
 
 def pct(value: Any, digits: int = 1) -> str:
@@ -270,26 +274,12 @@ def _winners_table(summary: dict[str, Any], label: str, band: Interval | None) -
         p, f = h["predicted"], h["layout_fields"]
         table.rows.append([
             str(h["rank"]), str(h["trial"]), layout_text(f), str(f["dp"]), str(f["gas"]),
-            num(h["tokens_per_s"]), _predicted(p["tokens_per_s"], band),
+            num(h["tokens_per_s"]), with_range(p["tokens_per_s"], band),
             signed_pct(h["error_pct"]),
             tflops(h["tflops_per_gpu"]), pct(h["mfu"]), pct(p["mfu"]),
             num(h["peak_memory_gib"], 1), num(p["peak_memory_gib"], 1),
         ])
     return table
-
-
-def _predicted(tokens_per_s: float | None, band: Interval | None) -> str:
-    """A predicted tokens/s with its range (low–high) where the setup has an interval."""
-    low, high = band.throughput(tokens_per_s) if band and tokens_per_s else (None, None)
-    return with_interval(tokens_per_s, low, high)
-
-
-def interval_note(cfg: AutotuneConfig) -> str:
-    """The sentence under the winners' table: where the predicted range comes from."""
-    band = prediction_interval(cfg)
-    if band is not None:
-        return f"Predicted tokens/s (low–high): {band.text()}, {band.origin()}."
-    return f"Predicted figures are {uncalibrated_text(cfg)}."
 
 
 def _parts_table(record: dict[str, Any], label: str) -> tuple[Table, Table]:
@@ -424,8 +414,9 @@ _REMEDY = {
 """What to try when a cause (`autotune.scaling.CAUSES`) limits a sweep."""
 
 
-def highlights(run: data.RunData, summary: dict[str, Any]) -> list[str]:
-    """The report's opening bullets (Markdown inline code in backticks)."""
+def highlights(run: data.RunData, summary: dict[str, Any], band: Interval | None) -> list[str]:
+    """The report's opening bullets (Markdown inline code in backticks; `band`: the setup's
+    prediction interval)."""
     lines = []
     best, study = summary["best"], summary["study"]
     if best:
@@ -436,7 +427,7 @@ def highlights(run: data.RunData, summary: dict[str, Any]) -> list[str]:
             f"{num(best['tokens_per_s'])} tokens/s ({num(best['tokens_per_s_per_gpu'])} per GPU), "
             f"{tflops(best['tflops_per_gpu'])} TFLOP/s per GPU, MFU {pct(best['mfu'])}, "
             f"peak memory {num(best['peak_memory_gib'], 1)} GiB; predicted "
-            f"{_predicted(p['tokens_per_s'], prediction_interval(run.cfg))} tokens/s "
+            f"{with_range(p['tokens_per_s'], band)} tokens/s "
             f"({signed_pct(best['error_pct'])} off).")
     elif run.records:
         lines.append(f"No trial yielded a {run.label} throughput: see the failures below.")
@@ -562,10 +553,10 @@ def report_context(run: data.RunData, summary: dict[str, Any], svgs: dict[str, s
         "subtitle": (f"{cfg.world_size} × {cfg.cluster.gpu.name} · {cfg.train.framework} · "
                      f"{run.kind} · runner {run.runner or '–'} ({run.label} figures)"),
         "summary": summary,
-        "highlights": highlights(run, summary),
+        "highlights": highlights(run, summary, band),
         "inputs": _inputs_tables(run),
         "winners": _winners_table(summary, run.label, band),
-        "interval_note": interval_note(cfg),
+        "interval_note": sentence(range_note(cfg, band)),
         "figures_note": figures_note(
             run.label, (run.run_info.get("runner_options") or {}).get("noise")),
         "winner_memory": memory_table,
