@@ -360,7 +360,11 @@ def links(worker: Worker, plan: dict[str, Any]) -> None:
     the host falls on all links alike, as the screening GEMM's rounds do for the workers. The
     receiver writes its median time and each round's rate (`Point.repeats`; the send
     completes when the data has arrived). CPU workers compute before each send or receive
-    (`busy_work`), as the pipeline's stages do."""
+    (`busy_work`), as the pipeline's stages do, and both ends time each round: the shorter time
+    counts. The end that starts first waits for its peer to finish computing (on a shared core
+    the peer's whole `busy_work`: one direction of a link read 78 % slow), the end that starts
+    second times the transfer alone; a gloo send, even of 1 KiB, waits for its receive, so the
+    sender's time is never a buffered write's."""
     if worker.world < 2:
         return
     before = busy_work(worker, float(plan.get("busy_s", 0.0)))
@@ -381,7 +385,14 @@ def links(worker: Worker, plan: dict[str, Any]) -> None:
                 wall = time.perf_counter() - start
                 if round_:
                     times[src].append(max(wall - (worker.waited() - waited), 1e-3 * wall))
-        for src, dst in ring:
+        for src, dst in ring:  # a CPU sender's times reach the receiver, which keeps the shorter
+            if worker.rank in (src, dst) and not worker.cuda:
+                theirs = torch.tensor(times[src], dtype=torch.float64, device=worker.device)
+                if worker.rank == src:
+                    dist.send(theirs, dst)
+                    continue
+                dist.recv(theirs, src)
+                times[src] = [min(a, b) for a, b in zip(times[src], theirs.tolist())]
             if worker.rank == dst:
                 worker.write({"kind": "send", "op": "send_recv", "dtype": "fp32",
                               "shape": {"bytes": nbytes}, "ranks": [src, dst],
