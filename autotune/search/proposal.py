@@ -156,8 +156,10 @@ def structure(t: LayoutTable, experts: bool = True) -> np.ndarray:
 def grid_keys(t: LayoutTable) -> np.ndarray:
     """An integer per row naming the memory neighbourhood of an OOM: the grid (tp, pp, cp, ep,
     etp), ZeRO stage and offload (the same shard of model states and the same buffers per
-    GPU)."""
-    columns = np.column_stack([getattr(t, name) for name in (*GRID_DIMS, "zero", "offload")])
+    GPU), and whether the pipeline interleaves (vpp > 1: the schedule's extra in-flight
+    micro-batches and per-chunk buffers, a miss a layout without them does not share)."""
+    columns = np.column_stack([*[getattr(t, name) for name in (*GRID_DIMS, "zero", "offload")],
+                               np.asarray(t.vpp) > 1])
     return np.unique(columns, axis=0, return_inverse=True)[1].ravel()
 
 
