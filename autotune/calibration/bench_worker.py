@@ -392,7 +392,7 @@ def links(worker: Worker, plan: dict[str, Any]) -> None:
                     dist.send(theirs, dst)
                     continue
                 dist.recv(theirs, src)
-                times[src] = [min(a, b) for a, b in zip(times[src], theirs.tolist())]
+                times[src] = [min(a, b) for a, b in zip(times[src], theirs.tolist(), strict=True)]
             if worker.rank == dst:
                 worker.write({"kind": "send", "op": "send_recv", "dtype": "fp32",
                               "shape": {"bytes": nbytes}, "ranks": [src, dst],

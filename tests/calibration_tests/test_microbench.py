@@ -113,9 +113,10 @@ def test_two_equal_workers_are_not_named_a_slowed_one_is(cpu_cfg, tmp_path: Path
     neither is named, and each is within the noise bar of the other (a false alarm here was
     `27% below the median of its peers` with the three-shape rule). Their two links (0->1,
     1->0, timed in interleaved rounds) are not named either (false alarms were `link 1->0 ...
-    21% below the median of its peers` and, with one end's time only, one direction 77-85 % slow
-    in three runs of three: the end that starts first waits out its peer's compute). The same plan with worker 1 on MKL's generic path names
-    worker 1, so the silence is the rule's, not a screening that never names. (One link cannot be
+    21% below the median of its peers` and, with one end's time only, one direction 77-85 %
+    slow in three runs of three: the end that starts first waits out its peer's compute). The
+    same plan with worker 1 on MKL's generic path names worker 1, so the silence is the
+    rule's, not a screening that never names. (One link cannot be
     slowed alone here: both directions run through the same two processes and the loopback
     device; `test_a_gap_within_the_links_noise_is_not_named` works the link rule by hand.)"""
     plan = _small_plan(gemms=[], attention=[], elementwise_bytes=[], group_sizes=[],
