@@ -182,7 +182,7 @@ def space(
     console.print(headline(cfg))
     console.print(rules_table(result.removed, result.total))
     console.print(layout_table(f"Top {len(best)} of {len(result):,} feasible layouts", best,
-                                [t for _, t in ranked], tie_title(band)))
+                                cfg, [t for _, t in ranked], tie_title(band)))
 
 
 def _model_summary(cfg: AutotuneConfig) -> dict[str, Any]:

@@ -25,17 +25,20 @@ def gib(value: float) -> str:
     return f"{value / GIB:.1f}"
 
 
-def layout_table(title: str, rows: list[Estimate],
+def layout_table(title: str, rows: list[Estimate], cfg: AutotuneConfig,
                  tied: list[bool] | None = None, caption: str | None = None) -> Table:
-    """Ranked predicted layouts (`tied`: which rows the interval cannot tell from the first)."""
-    table = Table(title=title, caption=caption)
-    columns = ("#", "layout", "dp", "gas", "tokens/s", "TFLOP/s/GPU", "MFU", "mem GiB")
+    """Ranked predicted layouts, each tokens/s with its range (`tied`: which rows the interval
+    cannot tell from the first); the caption says where the ranges come from, then `caption`."""
+    band = prediction_interval(cfg)
+    note = range_note(cfg, band)
+    table = Table(title=title, caption=f"{note}; {caption}" if caption else note)
+    columns = ("#", "layout", "dp", "gas", "predicted tokens/s", "TFLOP/s/GPU", "MFU", "mem GiB")
     for column in (*columns, *(("vs #1",) if tied is not None else ())):
         table.add_column(column, justify="left" if column == "layout" else "right")
     for rank, e in enumerate(rows, 1):
         table.add_row(
             str(rank), e.layout.text, str(e.layout.dp), str(e.layout.gas),
-            f"{e.tokens_per_s:,.0f}", f"{e.tflops_per_gpu:.0f}", f"{e.mfu:.1%}",
+            with_range(e.tokens_per_s, band), f"{e.tflops_per_gpu:.0f}", f"{e.mfu:.1%}",
             gib(e.peak_memory_bytes), *(("tied" if tied[rank - 1] else "",) if tied else ()),
         )
     return table

@@ -75,6 +75,14 @@ def test_space_json_and_table() -> None:
     assert len(data["top"]) == 3 and data["feasible"] > 0 and "memory_fits" in data["removed"]
     code, out, _ = _invoke(space)
     assert code == 0 and "memory_fits" in out
+    # each predicted tokens/s carries its range: the stored measured / predicted step-time
+    # ratios [low, high] make the throughput range tokens/s / high to tokens/s / low
+    band = data["interval"]
+    for row in data["top"]:
+        tokens = row["tokens_per_s"]
+        printed = (f"{tokens:,.0f} ({tokens / band['high']:,.0f}–{tokens / band['low']:,.0f})")
+        assert printed in out
+    assert band["key"] in out
 
 
 @pytest.mark.parametrize(
