@@ -52,7 +52,9 @@ from autotune.specs import Integer
 from autotune.specs import JobSpec
 from autotune.specs import RecipeSpec
 from autotune.specs import at_most
+from autotune.specs.inputs import batch_warnings
 from autotune.specs.inputs import load_config
+from autotune.specs.inputs import position_warnings
 from autotune.specs.train import TrainOverrides
 
 if TYPE_CHECKING:  # heavy modules (Optuna, matplotlib) load when a run starts
@@ -110,6 +112,12 @@ class Problem(BaseModel):
     def overrides(self) -> dict[str, Any]:
         """The training settings this problem sets (the rest keep the preset's)."""
         return dict(self.train.model_dump(exclude_none=True))
+
+    def warnings(self, cfg: AutotuneConfig) -> list[str]:
+        """What the user must hear about `cfg` (this problem, loaded): positions the model was
+        not trained for, a batch kept in sequences while --seq changed."""
+        given = "global_batch_size" in self.overrides() or self.gbs_tokens is not None
+        return [*position_warnings(cfg), *batch_warnings(self.model, cfg, batch_given=given)]
 
     def load(self, default_framework: str = "megatron") -> AutotuneConfig:
         """The model, cluster and training setup (presets and files read, overrides applied)."""

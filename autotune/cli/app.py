@@ -73,7 +73,6 @@ from autotune.space.search_space import load_space
 from autotune.space.search_space import no_feasible_message
 from autotune.space.ties import rank_with_ties
 from autotune.specs import AutotuneConfig
-from autotune.specs.inputs import position_warnings
 from autotune.specs.inputs import validation_message
 from autotune.specs.inputs import validation_problems
 
@@ -122,6 +121,14 @@ def _problem(config: dict[str, Any]) -> Problem:
     return _parsed(Problem, dict(config.get("problem") or {}), PROBLEM_OPTIONS, ("problem",))
 
 
+def _load(problem: Problem) -> AutotuneConfig:
+    """The problem's setup, its warnings printed to stderr."""
+    cfg = problem.load()
+    for line in problem.warnings(cfg):
+        err_console.print(f"[yellow]warning:[/] {line}", soft_wrap=True)
+    return cfg
+
+
 def _run_config(config: dict[str, Any], sections: tuple[Section, ...], out: Path | None,
                 default_out: str) -> RunConfig:
     """The RunConfig of tune's or scale's options: --out, else the file's, else `default_out`."""
@@ -157,7 +164,7 @@ def space(
         raise AutotuneError(f"--top: {top} must be from 1 to 10,000")
     if every and csv_file is None:
         raise AutotuneError("--all: writes every feasible layout to a file; add --csv FILE")
-    cfg = problem.load()
+    cfg = _load(problem)
     search_space = load_space(problem.space, cfg.train.framework)
     result = enumerate_layouts(cfg, search_space)
     if not len(result):
@@ -206,7 +213,7 @@ def estimate(
     A layout that breaks a structural rule is refused (exit 2); one that only runs out of
     memory is estimated and marked infeasible.
     """
-    cfg = _problem(config).load()
+    cfg = _load(_problem(config))
     parsed, broken = check_layout(cfg, layout)
     result = estimate_layout(cfg, parsed)
     other = estimate_layout(cfg, check_layout(cfg, vs)[0]) if vs else None
@@ -256,6 +263,7 @@ def tune(
     if scale_after:
         config = {**config, "scale": config.get("scale") or {}}
     run = _run_config(config, (*PROBLEM_OPTIONS, RUNNER, TUNE, SWEEP), out, "autotune-out")
+    _load(run.problem)
     _state["resume"] = resume_command(run)
     with Progress(
         SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -326,6 +334,7 @@ def scale(
 
     run = _run_config({**config, "scale": config.get("scale") or {}},
                       (*PROBLEM_OPTIONS, RUNNER, SCALE), out, "autotune-scale")
+    _load(run.problem)
     outcome = run_scale(run)
     if as_json:
         print(json.dumps(outcome.result.to_dict(), indent=2, default=str))
@@ -393,7 +402,7 @@ def render(
     """Render ds_config.json / pretrain_gpt.sh / sbatch.sh and a manifest for one layout."""
     from autotune.render import write_artifacts
 
-    cfg = _problem(config).load()
+    cfg = _load(_problem(config))
     parsed, broken = check_layout(cfg, layout)
     if broken:
         raise AutotuneError(
@@ -403,8 +412,6 @@ def render(
     if from_layout is not None:
         current = Layout.parse(from_layout, cfg.world_size, cfg.train.global_batch_size,
                                framework_of(cfg))
-    for line in position_warnings(cfg):
-        err_console.print(f"[yellow]warning:[/] {line}")
     written = write_artifacts(cfg, parsed, prepare_out(out), from_layout=current)
     for name, path in written.items():
         console.print(f"{name}: {path}")

@@ -156,6 +156,13 @@ def default_train(model_ref: str) -> dict[str, Any]:
     return dict(_presets("models").get(model_ref, {}).get("train", {}))
 
 
+def preset_setup(model_ref: str, model: ModelSpec) -> dict[str, Any]:
+    """The training setup a model starts from: its preset's, else 512 sequences of at most
+    4,096 tokens."""
+    return {"seq_length": min(model.max_position_embeddings, 4096), "global_batch_size": 512,
+            **default_train(model_ref)}
+
+
 def load_gpu(ref: Any, source: str) -> GPUSpec:
     """An accelerator from a preset name or an inline mapping."""
     gpus = _presets("gpus")
@@ -439,11 +446,7 @@ def load_config(
                             "(--gbs), not both")
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster, processes)
-    setup: dict[str, Any] = {
-        "seq_length": min(model_spec.max_position_embeddings, 4096),
-        "global_batch_size": 512,
-    }
-    setup.update(default_train(model))
+    setup = preset_setup(model, model_spec)
     if cluster_spec.cpu_processes:
         setup["precision"] = "fp32"
     unknown = sorted(set(train) - set(TrainSpec.model_fields))
@@ -483,6 +486,22 @@ def _sequences(tokens: int, seq_length: int) -> int:
             f"--gbs-tokens: {tokens:,} tokens are not a whole number of {seq_length:,}-token "
             f"sequences; use a multiple of the sequence length, e.g. {lower:,}")
     return tokens // seq_length
+
+
+def batch_warnings(model_ref: str, cfg: AutotuneConfig, *, batch_given: bool) -> list[str]:
+    """What a user must hear when --seq changes but the global batch stays the preset's in
+    sequences: the tokens per step move with the sequence length (a 512-sequence batch at
+    131,072 tokens is 67 M tokens per step, 16x the same batch at 8,192)."""
+    preset = preset_setup(model_ref, cfg.model)
+    seq, gbs = cfg.train.seq_length, cfg.train.global_batch_size
+    if batch_given or seq == preset["seq_length"] or gbs != preset["global_batch_size"]:
+        return []
+    base = int(preset["seq_length"])
+    same = max(1, round(gbs * base / seq))
+    return [f"--seq {seq:,} keeps the preset's global batch of {gbs:,} sequences: "
+            f"{gbs * seq / 1e6:,.1f} M tokens per step, against {gbs * base / 1e6:,.1f} M at "
+            f"its {base:,} tokens; give --gbs {same:,} (or --gbs-tokens) to keep the tokens per "
+            "step, or --gbs to confirm this batch"]
 
 
 def position_warnings(cfg: AutotuneConfig) -> list[str]:

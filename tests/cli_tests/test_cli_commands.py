@@ -237,3 +237,14 @@ def test_tune_with_an_in_memory_study_writes_its_report(tmp_path) -> None:
     assert code == 0, text + err
     assert len((out / "trials.csv").read_text().splitlines()) == 4
     assert (out / "report.html").is_file() and "optuna-dashboard" not in text
+
+
+def test_seq_without_a_batch_warns_on_stderr() -> None:
+    """Oracle: 512 preset sequences x 16,384 tokens = 8,388,608 tokens per step (by hand);
+    the warning goes to stderr, the JSON on stdout stays parseable."""
+    code, out, err = _invoke(["estimate", "-m", "llama3-8b", "-c", "dgx-h100:2", "--seq",
+                              "16384", "-l", "tp=2,pp=1,cp=1,zero=1,mbs=1", "--json"])
+    assert code == 0 and json.loads(out) and "8.4 M tokens per step" in err
+    code, _, err = _invoke(["estimate", "-m", "llama3-8b", "-c", "dgx-h100:2", "--seq",
+                            "16384", "--gbs", "256", "-l", "tp=2,pp=1,cp=1,zero=1,mbs=1"])
+    assert code == 0 and "tokens per step" not in err

@@ -8,6 +8,7 @@ from autotune import AutotuneError
 from autotune import load_config
 from autotune.specs import RecipeSpec
 from autotune.specs import resolve_recipe
+from autotune.specs.inputs import batch_warnings
 from autotune.specs.inputs import position_warnings
 
 
@@ -101,3 +102,16 @@ def test_positions_beyond_the_model_without_rope_scaling_warn() -> None:
     warned = position_warnings(load_config("llama3-8b", "dgx-h100:1", seq_length=131072))
     assert len(warned) == 1 and "8,192 positions" in warned[0] and "rope_scaling" in warned[0]
     assert position_warnings(load_config("llama3-405b", "dgx-h100:1", seq_length=131072)) == []
+
+
+def test_a_preset_batch_kept_in_sequences_warns_when_seq_changes() -> None:
+    """Oracle: tokens per step = sequences x tokens per sequence, by hand: llama3-8b's preset
+    batch of 512 sequences of 8,192 tokens is 4,194,304 tokens; at --seq 131,072 the same 512
+    sequences are 67,108,864 tokens, and 32 sequences keep 4,194,304."""
+    long = load_config("llama3-8b", "dgx-h100:1", seq_length=131072)
+    warned = batch_warnings("llama3-8b", long, batch_given=False)
+    assert len(warned) == 1 and "67.1 M tokens per step" in warned[0]
+    assert "4.2 M" in warned[0] and "--gbs 32 " in warned[0]
+    assert batch_warnings("llama3-8b", long, batch_given=True) == []
+    assert batch_warnings("llama3-8b", load_config("llama3-8b", "dgx-h100:1"),
+                          batch_given=False) == []
