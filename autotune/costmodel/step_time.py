@@ -11,7 +11,9 @@ Communication (`autotune.costmodel.collectives`, NCCL's α-β model) is charged 
   tensor-parallel communication (`Framework.tp_backward_overlaps`: not Megatron-FSDP) hide the
   input all-gather and the gradient reduce under the column-parallel GEMMs' backward, the rest
   is exposed. With
-  `TrainSpec.tp_comm_overlap` (userbuffers) all of them run under the linear GEMMs.
+  `TrainSpec.tp_comm_overlap` (userbuffers) all of them run under the linear GEMMs. FP8
+  delayed scaling adds, per model chunk and micro-batch, two blocking amax all-reduces over
+  the stage's tp·dp·cp ranks (`fp8_amax_s`), charged with them.
 - context parallel: Megatron's load-balanced ring passes K/V (forward) and K/V plus their
   gradients (backward) cp−1 times per layer, each pass under one block of attention; Ulysses
   all-to-alls (q, k and v in, output back: four calls each way) are exposed.
@@ -59,6 +61,7 @@ from autotune.costmodel.eager import runs_eager
 from autotune.costmodel.expert_dispatch import a2a_overlap_runs
 from autotune.costmodel.expert_dispatch import dispatch_bytes
 from autotune.costmodel.kernels import head_times
+from autotune.costmodel.kernels import layer_gemms
 from autotune.costmodel.kernels import load_imbalance
 from autotune.costmodel.kernels import mean_layer_times
 from autotune.costmodel.kernels import routed_tokens
@@ -245,6 +248,41 @@ def _dp_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarray,
     return np.where((ranks > 1) & (t.zero < 3), dp, 0.0)
 
 
+AMAXES_PER_FP8_GEMM = {"forward": 3, "backward": 2}
+"""4-byte amaxes one FP8 GEMM adds to its chunk's reductions: input, weight and output forward,
+the two gradients backward (Transformer Engine's `FP8FwdTensors` and `FP8BwdTensors`)."""
+
+
+def fp8_amax_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants,
+               layers: np.ndarray) -> np.ndarray:
+    """Seconds of FP8 delayed scaling's amax all-reduces per micro-batch on a pipeline stage of
+    `layers` layers (0 without them).
+
+    Megatron-Core (`TransformerBlock.forward` @ core_v0.7.0 to core_r0.11.0) runs a model
+    chunk's layers under one Transformer Engine `fp8_autocast` with `fp8_group =
+    get_amax_reduction_group(with_context_parallel=True)`, the tp·dp·cp ranks of the stage.
+    Transformer Engine (`FP8GlobalStateManager.reduce_and_update_fp8_tensors`, from commit
+    73f8d90fe of 2024-04-12, before v1.6, to v2.5; earlier releases read
+    `NVTE_DP_AMAX_REDUCE_INTERVAL` and `NVTE_ASYNC_AMAX_REDUCTION`, later ones do not)
+    all-reduces the region's amaxes with MAX and `async_op=False` on the compute stream when
+    the forward leaves the region (`fp8_autocast_exit`) and when the backward of its first
+    module ends: two latency-bound all-reduces per chunk and micro-batch that nothing hides.
+    The current-scaling recipes keep no amax history and reduce nothing per region."""
+    train = cfg.train
+    zero = np.zeros(np.shape(layers))
+    if not (train.precision == "fp8" and train.fp8_recipe == "delayed"
+            and terms_for(cfg).fp8_amax_reduction):
+        return zero
+    gemms = sum(1 for gemm in layer_gemms(cfg, t, k, moe=False) if gemm.fp8)
+    chunk = layers / t.vpp
+    ranks = t.tp * t.dp * t.cp
+    per_node = np.full(len(t), cfg.cluster.gpus_per_node)
+    seconds = sum(collective_s("all_reduce", 4.0 * count * gemms * chunk, ranks, per_node,
+                               cfg, k) for count in AMAXES_PER_FP8_GEMM.values())
+    charged: np.ndarray = np.where(layers > 0, t.vpp * seconds, zero)
+    return charged
+
+
 def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> TimeEstimate:
     """Step-time parts (s) of many layouts, their sum, one micro-batch's time and the FLOPs."""
     if cfg.cluster.cpu_processes:
@@ -276,7 +314,8 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> TimeEsti
     last_layers = np.where(single, split.first, split.last)
     stages = np.stack([split.first, np.where(t.pp > 2, split.middle, 0), last_layers])
     compute = stages * layer.total + np.array([[0.0], [0.0], [1.0]]) * head_s
-    comm_tp, comm_cp, comm_ep = stages * tp_layer, stages * cp_layer, stages * ep_layer
+    comm_tp = stages * tp_layer + fp8_amax_s(cfg, t, k, stages)
+    comm_cp, comm_ep = stages * cp_layer, stages * ep_layer
     per_micro = compute + comm_tp + comm_cp + comm_ep
     slowest = np.argmax(per_micro, axis=0)
     pick = np.arange(len(t))

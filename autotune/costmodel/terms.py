@@ -88,6 +88,9 @@ class FrameworkTerms(Protocol):
     moe_capacity_all_reduces: ClassVar[int]
     """All-reduces over the ep group per MoE layer forward besides the dispatch (dropless
     capacity agreement)."""
+    fp8_amax_reduction: ClassVar[bool]
+    """FP8 delayed scaling all-reduces each model chunk's amaxes over the tensor-, data- and
+    context-parallel ranks of its pipeline stage, after its forward and after its backward."""
 
     def padded_vocab(self, vocab: int, tp: Any) -> Any: ...
 

@@ -139,6 +139,9 @@ class Framework(abc.ABC):
     """All-reduces over the ep group per MoE layer forward besides the dispatch: DeepSpeed's
     dropless gating agrees on the expert capacity (`sharded_moe.top2gating`: the largest
     expert count, all-reduced with MAX over the ep group when drop_tokens is off)."""
+    fp8_amax_reduction: ClassVar[bool] = False
+    """FP8 delayed scaling all-reduces the amaxes of every model chunk's forward and backward
+    over the tp·dp·cp ranks of its pipeline stage (`autotune.costmodel.step_time.fp8_amax_s`)."""
     tp_async_backward: ClassVar[bool] = False
     """Tensor-parallel collectives of the backward run asynchronously under the GEMMs that do not
     need them (Megatron's LinearWithGradAccumulationAndAsyncCommunication)."""

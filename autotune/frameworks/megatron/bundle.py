@@ -145,6 +145,7 @@ class Megatron(Framework):
     sequence_parallel = True
     tp_async_backward = True
     tp_comm_overlap = True
+    fp8_amax_reduction = True
     param_gather_overlaps_forward = True
     tp_may_exceed_query_groups = True
     checkout_env = "MEGATRON_LM"
