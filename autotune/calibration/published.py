@@ -96,7 +96,9 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
        for p in ("bf16", "fp8") for g in (128, 512, 2048)},
     # NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/qwen/qwen3_workload_base_configs.py
     # @ 21d102f5e (26.04.01) and 63b08b397 (26.06): Qwen3-30B-A3B on H100 in fp8 runs the flex
-    # dispatcher (HybridEP), Qwen3-235B-A22B the EP all-to-all overlap (also @ cfeddcd94, 26.02)
+    # dispatcher (HybridEP), Qwen3-235B-A22B the EP all-to-all overlap (both also @ cfeddcd94,
+    # 26.02.01, where the 30B recipe took its ep16 layout: data/README.md)
+    "mbridge_26021_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
     "mbridge_26041_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
     "mbridge_2606_h100_qwen330ba3b_16": {"moe_token_dispatcher": "flex"},
     "mbridge_26041_h100_qwen3235ba22b_256": {"moe_a2a_overlap": True},
