@@ -22,7 +22,9 @@ fitted constant within 1 % of a FIT_BOUNDS limit is flagged. --fit writes the co
 on every source, and the cross-validated residual ranges per regime (the prediction intervals of
 autotune.costmodel.uncertainty), to autotune/presets/constants.yaml.
 Target: cross-validated median |error| <= 5 %, max <= 15 % for every (GPU, stack) with at
-least two sources; MoE median <= 15 %.
+least two sources; MoE median <= 15 %. Runs of a recipe their publisher filed as a regression
+(`autotune.calibration.published.KNOWN_REGRESSIONS`) are predicted and printed, with the MoE
+figures they would give, but enter no fit, interval or judged figure.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from autotune.calibration.fit import best_layout
 from autotune.calibration.fit import fit_constants
 from autotune.calibration.fit import leave_one_source_out
 from autotune.calibration.fit import predicted_step_s
+from autotune.calibration.published import KNOWN_REGRESSIONS
 from autotune.calibration.published import PUBLISHED_RUNS
 from autotune.calibration.published import label
 from autotune.calibration.published import open_dimensions
@@ -96,6 +99,12 @@ def group(point: Measured) -> Group:
 def fitted(point: Measured) -> bool:
     """Whether a point enters the dense fit: dense models (MoE rows fit `MOE_FITTED` on top)."""
     return not point.cfg.model.num_experts
+
+
+def judged(point: Measured) -> bool:
+    """Whether a point is judged and fitted: not a run of a recipe its publisher filed as a
+    regression (`KNOWN_REGRESSIONS`; such a point is predicted and printed all the same)."""
+    return point.name not in KNOWN_REGRESSIONS
 
 
 def names_for(points: Sequence[Measured]) -> tuple[str, ...]:
@@ -162,7 +171,9 @@ def fit_group(points: Sequence[Measured]) -> Constants:
     """Constants of one (GPU, stack): the dense ones fitted on its dense points from its prior,
     then `MOE_FITTED` on its MoE points with the dense ones held. A row whose source left
     settings open (several candidates) bounds the model from one side (`fit_constants`'
-    `open_as_bound`) wherever rows stating every setting anchor the fit."""
+    `open_as_bound`) wherever rows stating every setting anchor the fit. Known regressions
+    (`judged`) enter neither fit."""
+    points = [p for p in points if judged(p)]
     train = [p for p in points if fitted(p)]
     if not train:
         return Constants()
@@ -220,7 +231,7 @@ def intervals(points: Sequence[Measured], cv: dict[str, float]) -> dict[Group, d
     `autotune.costmodel.uncertainty.residual_summary` of measured / predicted step time."""
     out: dict[Group, dict[str, Any]] = {}
     for g in sorted({group(p) for p in points}):
-        held = [p for p in points if group(p) == g and p.name in cv]
+        held = [p for p in points if group(p) == g and p.name in cv and judged(p)]
         by_regime: dict[str, list[Measured]] = {"all": [p for p in held if fitted(p)]}
         for p in held:
             by_regime.setdefault(regime(p.cfg), []).append(p)
@@ -237,7 +248,7 @@ def between_layouts(points: Sequence[Measured],
     publication made of one setup at several layouts or sizes)."""
     runs: dict[tuple[Group, str, str, str], list[float]] = {}
     for p in points:
-        if p.name in cv:
+        if p.name in cv and judged(p):
             key = (group(p), p.source, p.cfg.model.name, regime(p.cfg))
             runs.setdefault(key, []).append(p.step_time_s / cv[p.name])
     out: dict[Group, dict[str, float | int]] = {}
@@ -261,11 +272,13 @@ def leave_one_model_out(moe: Sequence[Measured],
     """Predicted step time of every MoE point with the MoE constants fitted on the other
     models' MoE rows of its (GPU, stack) (its dense constants from every source): a stricter
     test than leaving a source out, whose other releases ran the same model. A precision no
-    other model trains in keeps its prior (`MOE_PRIOR`)."""
+    other model trains in keeps its prior (`MOE_PRIOR`); known regressions are predicted, never
+    fitted."""
     predicted: dict[str, float] = {}
     for name, rows in by_model(moe).items():
         for g in sorted({fit_source(p) for p in rows}):
-            rest = [p for p in moe if fit_source(p) == g and p.cfg.model.name != name]
+            rest = [p for p in moe
+                    if fit_source(p) == g and p.cfg.model.name != name and judged(p)]
             k = fits[g].model_copy(update=MOE_PRIOR)
             if rest:
                 k = fit_constants(rest, k, moe_names(rest), prior_sd=MOE_PRIOR_SD,
@@ -415,7 +428,8 @@ def main() -> None:
         if stated and len(stated) < len(rows):
             summary.add_row(*summary_row("  every setting stated", stated, cv, insample, peer))
     summary.add_row(*summary_row("all dense", dense, cv, insample, peer))
-    moe = [p for p in points if not fitted(p)]
+    every_moe = [p for p in points if not fitted(p)]
+    moe = [p for p in every_moe if judged(p)]
     for g in sorted({group(p) for p in moe}):
         rows = [p for p in moe if group(p) == g]
         summary.add_row(*summary_row(f"MoE {' / '.join(g)}", rows, cv, insample, peer))
@@ -423,19 +437,27 @@ def main() -> None:
             part = [p for p in rows if regime(p.cfg) == precision]
             if part and len(part) < len(rows):
                 summary.add_row(*summary_row(f"  {precision}", part, cv, insample, peer))
+        regressed = [p for p in every_moe if group(p) == g]
+        if len(regressed) > len(rows):
+            summary.add_row(*summary_row("  with the known regressions", regressed, cv,
+                                         insample, peer))
     console.print(summary)
 
     if moe:
-        unseen = leave_one_model_out(moe, fits)
+        unseen = leave_one_model_out(every_moe, fits)
         per_row = Table(title="MoE rows: measured / predicted step − 1 (+ = predicted too fast)")
         for column in ("row", "model", "source", "prec", "CV err", "in-sample err",
-                       "model left out err"):
+                       "model left out err", "judged"):
             per_row.add_column(column)
-        for p in moe:
+        for p in every_moe:
             cells = [f"{p.step_time_s / got[p.name] - 1:+.1%}" if p.name in got else "n/a"
                      for got in (cv, insample, unseen)]
-            per_row.add_row(p.name, p.cfg.model.name, p.source, p.cfg.train.precision, *cells)
+            per_row.add_row(p.name, p.cfg.model.name, p.source, p.cfg.train.precision, *cells,
+                            "yes" if judged(p) else "no: known regression")
         console.print(per_row)
+        for p in every_moe:
+            if not judged(p):
+                console.print(f"known regression {p.name}: {KNOWN_REGRESSIONS[p.name]}")
 
     constants = Table(title="Constants fitted on every source (in-sample); '-' = not identified")
     for column in ("GPU / stack", *FITTED, *MOE_FITTED):
@@ -486,6 +508,10 @@ def main() -> None:
                       f"{'met' if np.median(moe_errors) <= 0.15 else 'NOT met'} "
                       f"(max {np.max(moe_errors):.1%}, {moe_errors.size} rows, "
                       f"{len({p.source for p in moe})} sources)")
+        if len(every_moe) > len(moe):
+            every = cv_errors(every_moe, cv)
+            console.print(f"  with the {len(every_moe) - len(moe)} known regressions: "
+                          f"{np.median(every):.1%} / {np.max(every):.1%} ({every.size} rows)")
         errors = cv_errors(moe, unseen)
         console.print(f"MoE leave one model out (the MoE constants fitted without every row of "
                       f"the model, dense constants in-sample): {np.median(errors):.1%} / "

@@ -11,6 +11,7 @@ from autotune.calibration.fit import at_bounds
 from autotune.calibration.fit import leave_one_source_out
 from autotune.calibration.fit import published_points
 from autotune.calibration.published import CONVENTIONS
+from autotune.calibration.published import KNOWN_REGRESSIONS
 from autotune.calibration.published import PUBLISHED_RUNS
 from autotune.calibration.published import candidates
 from autotune.calibration.published import label
@@ -190,6 +191,34 @@ def test_moe_rows_are_read_with_their_experts(row_id: str, total_b: float,
     assert model.active_params() / 1e9 == pytest.approx(active_b, rel=0.03)
     layouts, _ = candidates(row, problem(row))
     assert {lay.ep for lay in layouts} == {int(row["ep"])}
+
+
+def test_the_2602_01_qwen3_30b_row_runs_the_layout_of_its_release_script() -> None:
+    """Oracle: NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/qwen/
+    qwen3_workload_base_configs.py @ cfeddcd94 (and v0.3.1): the H100 fp8 Qwen3-30B-A3B config
+    sets expert_model_parallel_size=16, gbs 1024, no pipeline (WorkloadBaseConfig's defaults: tp
+    1, pp 1, no virtual stages, mbs 1), and HybridEP as the flex dispatcher's backend."""
+    run = published_run(ROWS["mbridge_26021_h100_qwen330ba3b_16"])
+    assert {(lay.tp, lay.pp, lay.vpp, lay.ep, lay.dp, lay.mbs) for lay in run.layouts} == {
+        (1, 1, 1, 16, 16, 1)}
+    assert run.cfg is not None and run.cfg.train.moe_token_dispatcher == "flex"
+    assert run.cfg.train.global_batch_size == 1024
+
+
+def test_known_regressions_are_the_slow_runs_of_the_replaced_recipe() -> None:
+    """Oracle: the tables' own cells (tokens/s per GPU): the two Qwen3-30B-A3B runs of the pp2
+    ep8 recipe with the EP overlap (25.11: 5,275; 26.02: 5,113) against every run of the recipe
+    that replaced it (8,826-9,058), all on 16 H100 in fp8."""
+    speed = {row_id: float(ROWS[row_id]["tokens_per_sec_per_gpu"]) for row_id in ROWS
+             if ROWS[row_id]["model"] == "Qwen3-30B-A3B" and ROWS[row_id]["num_gpus"] == "16"}
+    assert set(KNOWN_REGRESSIONS) == {"mbridge_2511_h100_qwen330ba3b_16",
+                                      "mbridge_2602_h100_qwen330ba3b_16"}
+    slow = [speed[row_id] for row_id in KNOWN_REGRESSIONS]
+    fast = [v for row_id, v in speed.items() if row_id not in KNOWN_REGRESSIONS]
+    assert sorted(slow) == [5113, 5275] and len(fast) == 4
+    assert min(fast) / max(slow) > 1.6
+    assert all(ROWS[row_id]["pp"] == "2" and ROWS[row_id]["ep"] == "8"
+               for row_id in KNOWN_REGRESSIONS)
 
 
 def test_gpt_oss_rows_are_read_with_their_experts_and_windows() -> None:
