@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from autotune.exceptions import AutotuneError
 from autotune.exceptions import shorten
+from autotune.numbers import compact
 from autotune.resources import resource_dir
 from autotune.specs.cluster import ClusterSpec
 from autotune.specs.cluster import GPUSpec
@@ -499,8 +500,8 @@ def batch_warnings(model_ref: str, cfg: AutotuneConfig, *, batch_given: bool) ->
     base = int(preset["seq_length"])
     same = max(1, round(gbs * base / seq))
     return [f"--seq {seq:,} keeps the preset's global batch of {gbs:,} sequences: "
-            f"{gbs * seq / 1e6:,.1f} M tokens per step, against {gbs * base / 1e6:,.1f} M at "
-            f"its {base:,} tokens; give --gbs {same:,} (or --gbs-tokens) to keep the tokens per "
+            f"{compact(gbs * seq)} tokens per step, against {compact(gbs * base)} at its "
+            f"{base:,} tokens; give --gbs {same:,} (or --gbs-tokens) to keep the tokens per "
             "step, or --gbs to confirm this batch"]
 
 

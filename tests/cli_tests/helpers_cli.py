@@ -26,8 +26,10 @@ class Result:
 
     @property
     def error_lines(self) -> list[str]:
-        """The non-empty lines of stderr."""
-        return [line for line in self.err.splitlines() if line.strip()]
+        """The non-empty lines of stderr, less the warnings about a valid input that an error
+        may follow (`Problem.warnings`)."""
+        return [line for line in self.err.splitlines()
+                if line.strip() and not line.startswith("warning: ")]
 
 
 def cli(*args: str) -> Result:

@@ -110,8 +110,8 @@ def test_a_preset_batch_kept_in_sequences_warns_when_seq_changes() -> None:
     sequences are 67,108,864 tokens, and 32 sequences keep 4,194,304."""
     long = load_config("llama3-8b", "dgx-h100:1", seq_length=131072)
     warned = batch_warnings("llama3-8b", long, batch_given=False)
-    assert len(warned) == 1 and "67.1 M tokens per step" in warned[0]
-    assert "4.2 M" in warned[0] and "--gbs 32 " in warned[0]
+    assert len(warned) == 1 and "67.1M tokens per step" in warned[0]
+    assert "4.19M at" in warned[0] and "--gbs 32 " in warned[0]
     assert batch_warnings("llama3-8b", long, batch_given=True) == []
     assert batch_warnings("llama3-8b", load_config("llama3-8b", "dgx-h100:1"),
                           batch_given=False) == []
