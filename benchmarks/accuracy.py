@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -225,20 +226,37 @@ def cross_validate(points: Sequence[Measured]) -> tuple[dict[str, float], Counte
     return predicted, on_bound
 
 
-def intervals(points: Sequence[Measured], cv: dict[str, float]) -> dict[Group, dict[str, Any]]:
+MOE_LEFT_OUT = "its source left out and again with its model left out, the worse of the two"
+"""How the MoE intervals are held out: a user's MoE model is mostly one no row shows, and a
+source (a release) of the MoE rows ran the same models as the other releases."""
+
+
+def intervals(points: Sequence[Measured], cv: dict[str, float],
+              unseen: dict[str, float]) -> dict[Group, dict[str, Any]]:
     """Per (GPU, stack): the cross-validated residual summary per regime and over its dense rows
-    (`all`),
-    `autotune.costmodel.uncertainty.residual_summary` of measured / predicted step time."""
+    (`all`), `autotune.costmodel.uncertainty.residual_summary` of measured / predicted step
+    time; an MoE row counts with the prediction further from it of its source left out (`cv`)
+    and its model left out (`unseen`)."""
     out: dict[Group, dict[str, Any]] = {}
     for g in sorted({group(p) for p in points}):
         held = [p for p in points if group(p) == g and p.name in cv and judged(p)]
         by_regime: dict[str, list[Measured]] = {"all": [p for p in held if fitted(p)]}
         for p in held:
             by_regime.setdefault(regime(p.cfg), []).append(p)
-        out[g] = {name: residual_summary([p.step_time_s / cv[p.name] for p in rows],
-                                         len({p.source for p in rows}))
+        out[g] = {name: residual_summary([held_out_ratio(p, cv, unseen) for p in rows],
+                                         len({p.source for p in rows}),
+                                         MOE_LEFT_OUT if name.endswith("-moe") else None)
                   for name, rows in sorted(by_regime.items()) if rows}
     return {g: v for g, v in out.items() if v}
+
+
+def held_out_ratio(p: Measured, cv: dict[str, float], unseen: dict[str, float]) -> float:
+    """Measured / predicted step time of `p` held out: its source left out, and for an MoE row
+    also its model left out, whichever is further from 1 (in log)."""
+    ratios = [p.step_time_s / cv[p.name]]
+    if not fitted(p) and p.name in unseen:
+        ratios.append(p.step_time_s / unseen[p.name])
+    return max(ratios, key=lambda r: abs(math.log(r)))
 
 
 def between_layouts(points: Sequence[Measured],
@@ -386,8 +404,9 @@ def main() -> None:
     if args.fit:
         moe_groups = {g: moe_names([p for p in points if fit_source(p) == g])
                       for g in {fit_source(p) for p in points if not fitted(p)}}
-        written = write_constants(fits, intervals(points, cv), between_layouts(points, cv),
-                                  moe_groups)
+        unseen = leave_one_model_out([p for p in points if not fitted(p)], fits)
+        written = write_constants(fits, intervals(points, cv, unseen),
+                                  between_layouts(points, cv), moe_groups)
         console.print(f"wrote {written}")
     folds = Counter(g for g, _ in {(fit_source(p), p.source) for p in points})
 

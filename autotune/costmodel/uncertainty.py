@@ -49,6 +49,9 @@ class Interval:
     source and model (>= 1): how far the model misjudges one layout or size against another on
     the same setup, which the absolute range (a shared error) overstates. None: no source has
     two such runs."""
+    left_out: str = "its source left out"
+    """How each held-out run was predicted (for MoE regimes also with its model left out, the
+    worse of the two)."""
 
     def step_s(self, predicted: float) -> tuple[float, float]:
         """(low, high) step time in seconds around a predicted one."""
@@ -74,7 +77,7 @@ class Interval:
     def origin(self) -> str:
         """Where the range comes from, in words."""
         return (f"the range of {self.rows} published runs from {self.sources} source(s) of "
-                f"{self.key}, each predicted with its source left out")
+                f"{self.key}, each predicted with {self.left_out}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -87,13 +90,16 @@ def regime(cfg: AutotuneConfig) -> str:
     return base + ("-moe" if cfg.model.num_experts else "")
 
 
-def residual_summary(ratios: Sequence[float], sources: int) -> dict[str, float | int]:
+def residual_summary(ratios: Sequence[float], sources: int,
+                     left_out: str | None = None) -> dict[str, float | int | str]:
     """What `constants.yaml` stores for one regime: the range of measured / predicted step time
-    over the held-out rows (widened to contain 1), the row and source counts."""
+    over the held-out rows (widened to contain 1), the row and source counts, and what the
+    rows were predicted without when it is more than their source (`left_out`)."""
     values = np.asarray(ratios, dtype=float)
     return {"low": round(float(min(values.min(), 1.0)), 4),
             "high": round(float(max(values.max(), 1.0)), 4),
-            "rows": int(values.size), "sources": int(sources)}
+            "rows": int(values.size), "sources": int(sources),
+            **({"left_out": left_out} if left_out else {})}
 
 
 def between_summary(runs: Sequence[Sequence[float]]) -> dict[str, float | int] | None:
@@ -121,7 +127,8 @@ def prediction_interval(cfg: AutotuneConfig) -> Interval | None:
     between = ((entry or {}).get("between_layouts") or {}).get("ratio")
     return Interval(float(stored["low"]), float(stored["high"]), int(stored["rows"]),
                     int(stored["sources"]), f"{origin}/{stack}/{key}",
-                    float(between) if between else None)
+                    float(between) if between else None,
+                    str(stored.get("left_out", "its source left out")))
 
 
 def interval_text(cfg: AutotuneConfig) -> str:

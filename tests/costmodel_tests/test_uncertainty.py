@@ -104,3 +104,19 @@ def test_missing_regime_falls_back_to_the_pooled_dense_range() -> None:
     band = prediction_interval(moe)
     assert band is not None and band.key.endswith("/all")
     assert (band.low, band.high) == (stored["all"]["low"], stored["all"]["high"])
+
+
+def test_moe_intervals_say_how_their_runs_were_held_out() -> None:
+    """Oracle: the stored table: each MoE regime records that its runs were also predicted
+    with their model left out, the interval of an MoE setup says so, and a dense one keeps
+    'its source left out'."""
+    stacks = STORED["h100-sxm-80gb"]["stacks"]["megatron-core"]["intervals"]
+    assert all("model left out" in stacks[k]["left_out"] for k in stacks if k.endswith("-moe"))
+    assert all("left_out" not in stacks[k] for k in stacks if not k.endswith("-moe"))
+    moe = AutotuneConfig(model=load_model("mixtral-8x7b"), cluster=load_cluster("dgx-h100:1"),
+                         train=TrainSpec(seq_length=4096, global_batch_size=64))
+    band = prediction_interval(moe)
+    assert band is not None and band.key.endswith("bf16-moe")
+    assert "model left out" in band.origin()
+    dense = prediction_interval(config())
+    assert dense is not None and dense.origin().endswith("each predicted with its source left out")
