@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-#SBATCH --job-name=autotune-tp4-pp4-dp4-cp2-v1-z1-mb1-rn
+#SBATCH --job-name=autotune-tp4-pp8-dp2-cp2-v3-z1-mb2-rn-sp
 ##SBATCH --partition=<partition>   (a disabled placeholder: drop one '#' and fill it in)
 ##SBATCH --account=<account>   (a disabled placeholder: drop one '#' and fill it in)
 ##SBATCH --time=<time>   (a disabled placeholder: drop one '#' and fill it in)
@@ -10,7 +10,7 @@
 #SBATCH --output=%x-%j.out
 # Slurm job rendered by autotune 0.1.0.
 # Model llama3-70b on dgx-h100:16 (128 GPUs = 16 x 8).
-# Layout: tp=4,pp=4,cp=2,vpp=1,zero=1,offload=none,mbs=1,recompute=none,sp=off
+# Layout: tp=4,pp=8,cp=2,vpp=3,zero=1,offload=none,mbs=2,recompute=none,sp=on
 #
 # Submit from the folder that holds the artifacts (or set ARTIFACTS_DIR):
 #   cd <artifacts> && MEGATRON_LM=<Megatron-LM checkout> sbatch sbatch.sh [extra pretrain_gpt.py flags]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Megatron-LM pretraining, rendered by autotune 0.1.0.
 # Model llama3-70b on dgx-h100:16 (128 GPUs = 16 x 8).
-# Layout: tp=2,pp=1,cp=1,vpp=1,zero=3,offload=none,mbs=4,recompute=full,sp=on
+# Layout: tp=4,pp=1,cp=2,vpp=1,zero=2,offload=none,mbs=1,recompute=none,sp=on
 #
 # A TRAINING RUN of the recipe below: 1168251 iterations = 4899999842304 tokens by default
 # (4194304 tokens per iteration), warm-up 2000 iterations, cosine decay.
@@ -72,21 +72,18 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
 MEGATRON_ARGS=(
-  --tensor-model-parallel-size 2
+  --tensor-model-parallel-size 4
   --pipeline-model-parallel-size 1
-  --context-parallel-size 1
+  --context-parallel-size 2
   --sequence-parallel
   --use-megatron-fsdp
-  --data-parallel-sharding-strategy optim_grads_params
+  --data-parallel-sharding-strategy optim_grads
   --ckpt-format fsdp_dtensor
   --no-gradient-accumulation-fusion
   --use-distributed-optimizer
   --overlap-grad-reduce
   --overlap-param-gather
-  --recompute-granularity full
-  --recompute-method uniform
-  --recompute-num-layers 1
-  --micro-batch-size 4
+  --micro-batch-size 1
   --global-batch-size 512
   --num-layers 80
   --hidden-size 8192

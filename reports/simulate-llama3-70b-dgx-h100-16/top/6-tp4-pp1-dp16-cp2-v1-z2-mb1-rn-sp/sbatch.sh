@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-#SBATCH --job-name=autotune-tp2-pp1-dp64-cp1-v1-z3-mb4-rf-sp
+#SBATCH --job-name=autotune-tp4-pp1-dp16-cp2-v1-z2-mb1-rn-sp
 ##SBATCH --partition=<partition>   (a disabled placeholder: drop one '#' and fill it in)
 ##SBATCH --account=<account>   (a disabled placeholder: drop one '#' and fill it in)
 ##SBATCH --time=<time>   (a disabled placeholder: drop one '#' and fill it in)
@@ -10,7 +10,7 @@
 #SBATCH --output=%x-%j.out
 # Slurm job rendered by autotune 0.1.0.
 # Model llama3-70b on dgx-h100:16 (128 GPUs = 16 x 8).
-# Layout: tp=2,pp=1,cp=1,vpp=1,zero=3,offload=none,mbs=4,recompute=full,sp=on
+# Layout: tp=4,pp=1,cp=2,vpp=1,zero=2,offload=none,mbs=1,recompute=none,sp=on
 #
 # Submit from the folder that holds the artifacts (or set ARTIFACTS_DIR):
 #   cd <artifacts> && MEGATRON_LM=<Megatron-LM checkout> sbatch sbatch.sh [extra pretrain_gpt.py flags]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Megatron-LM pretraining, rendered by autotune 0.1.0.
 # Model llama3-70b on dgx-h100:16 (128 GPUs = 16 x 8).
-# Layout: tp=4,pp=4,cp=2,vpp=1,zero=1,offload=none,mbs=1,recompute=none,sp=off
+# Layout: tp=4,pp=8,cp=2,vpp=3,zero=1,offload=none,mbs=2,recompute=none,sp=on
+# No split flag fits the layers to the pipeline: the layout lists each model chunk's layers, 10 (first stage), at most 10 (middle) and 10 (last).
 #
 # A TRAINING RUN of the recipe below: 1168251 iterations = 4899999842304 tokens by default
 # (4194304 tokens per iteration), warm-up 2000 iterations, cosine decay.
@@ -68,12 +69,14 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
 MEGATRON_ARGS=(
   --tensor-model-parallel-size 4
-  --pipeline-model-parallel-size 4
+  --pipeline-model-parallel-size 8
   --context-parallel-size 2
+  --pipeline-model-parallel-layout 'Ettt|(tttt|)*7,(ttt|)*8,tttt|(ttt|)*6,tttL'
+  --sequence-parallel
   --use-distributed-optimizer
   --overlap-grad-reduce
   --overlap-param-gather
-  --micro-batch-size 1
+  --micro-batch-size 2
   --global-batch-size 512
   --num-layers 80
   --hidden-size 8192
