@@ -5,7 +5,8 @@ process over the layout's structure (every searched dimension of `autotune.layou
 log2 of tp, pp, cp, vpp, micro-batch, ep and etp, ZeRO stage, offload, recompute, sequence
 parallelism; squared-exponential kernel, one length scale per dimension) spreads each residual
 to similar layouts: layouts of a measured family (same tp·pp·cp·ep·etp, recompute and ZeRO
-stage) inherit its correction with little uncertainty, while an
+stage) inherit its correction with little uncertainty, another expert split (ep, etp) of it
+much of it, while an
 unmeasured family keeps the prior uncertainty. That prior σ (`amplitude`) is learned from the
 search's own out-of-sample errors: how far each trial ran from what the trials before it
 predicted (shrunk towards 10 %). The residuals after the refit cannot say it (the refit has
@@ -26,9 +27,15 @@ from autotune.layout import LayoutTable
 FEATURES = tuple(d for d in DIMS if d.kind != "derived")
 """The kernel's inputs: every searched dimension of `autotune.layout.DIMS` (log2 where the
 table says so), ep and etp included so MoE layouts are told apart."""
-LENGTH_SCALES = np.array([{"mbs": 1.5, "vpp": 2.0}.get(d.name, 1.0) for d in FEATURES])
+LENGTH_SCALES = np.array([{"mbs": 1.5, "vpp": 2.0, "ep": 3.0, "etp": 3.0}.get(d.name, 1.0)
+                          for d in FEATURES])
 """Per feature (log2 steps for the log-scaled): 1; 1.5 for the micro-batch and 2 for vpp
-(refinements within a family: a measured family's other vpp and mbs share its residual)."""
+(refinements within a family: a measured family's other vpp and mbs share its residual); 3
+for ep and etp, the families' second level (`autotune.search.proposal.family_keys`): the
+expert split changes only the MoE layers' expert shards and token dispatch, so another
+(ep, etp) of a measured grid, recompute and ZeRO family shares much of its residual (ep 1,
+etp 8 against ep 8, etp 1 at correlation 0.37; at a length scale of 1, 1.2e-4, and the
+search ran every split of a grid as a family of its own)."""
 ZERO_POSITION = np.array([0.0, 1.0, 1.5, 4.0])
 """Where each ZeRO stage sits on its axis: stages 1 and 2 shard the optimizer and gradients
 (close to each other and to 0), stage 3 gathers the parameters every layer, another algorithm

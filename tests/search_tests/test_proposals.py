@@ -368,3 +368,20 @@ def test_an_oom_shares_its_miss_only_with_layouts_interleaved_like_it() -> None:
     assert keys[1] == keys[2]  # interleaved alike: one neighbourhood
     assert keys[0] != keys[1]
     assert keys[2] != keys[3]  # another shard of states
+
+
+def test_another_expert_split_of_a_measured_family_shares_its_residual() -> None:
+    """Oracle: worked by hand. ep 1, etp 8 and ep 8, etp 1 of one grid differ by 3 in log2 of
+    ep and of etp, one length scale (3) each: squared distance 2, kernel exp(-1). One trial
+    with residual 0.4 (prior σ 0.3, noise 0.01): the level is the median of 0.4 and 0, 0.2;
+    the linear kernel is centred on the one trial, so it adds nothing. The other split's
+    mean is 0.2 + 0.09 · exp(-1) · 0.2 / (0.09 + 0.0001) = 0.27349 (at a length scale of 1,
+    exp(-9): 0.2000)."""
+    from autotune.search.surrogate import features
+    from autotune.search.surrogate import fit_residuals
+
+    rows = features(LayoutTable.from_layouts([Layout(tp=1, pp=4, dp=2, ep=1, etp=8),
+                                              Layout(tp=1, pp=4, dp=2, ep=8, etp=1)]))
+    process = fit_residuals(rows[:1], np.array([0.4]), np.array([0.01]), 0.3)
+    assert process.predict(rows[1:])[0][0] == pytest.approx(
+        0.2 + 0.09 * np.exp(-1.0) * 0.2 / 0.0901, rel=1e-6)
