@@ -60,6 +60,7 @@ from autotune.costmodel.eager import eager_optimizer_s
 from autotune.costmodel.eager import runs_eager
 from autotune.costmodel.expert_dispatch import a2a_overlap_runs
 from autotune.costmodel.expert_dispatch import dispatch_bytes
+from autotune.costmodel.kernels import LayerTimes
 from autotune.costmodel.kernels import head_times
 from autotune.costmodel.kernels import layer_gemms
 from autotune.costmodel.kernels import load_imbalance
@@ -248,6 +249,23 @@ def _dp_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarray,
     return np.where((ranks > 1) & (t.zero < 3), dp, 0.0)
 
 
+def _stage_dp_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, vocab: np.ndarray,
+                layers: np.ndarray, first: np.ndarray, holds_head: bool, layer: LayerTimes,
+                head_s: np.ndarray) -> np.ndarray:
+    """The exposed data-parallel time of a pipeline stage of `layers` layers (`first`: it holds
+    the embedding; `holds_head`: the output layer and loss), routed experts included."""
+    m = cfg.model
+    head = np.full(len(t), holds_head)
+    params = params_on_rank(m, t, vocab, layers, first, head, experts=False)
+    forward_mb = layers * layer.forward
+    backward_mb = layers * layer.backward + head * head_s * 2 / 3
+    dp = _dp_s(cfg, t, k, params, forward_mb, backward_mb, expert=False)
+    if m.moe_layer_share:
+        dp = dp + _dp_s(cfg, t, k, expert_params_on_rank(m, t, layers), forward_mb,
+                        backward_mb, expert=True)
+    return dp
+
+
 AMAXES_PER_FP8_GEMM = {"forward": 3, "backward": 2}
 """4-byte amaxes one FP8 GEMM adds to its chunk's reductions: input, weight and output forward,
 the two gradients backward (Transformer Engine's `FP8FwdTensors` and `FP8BwdTensors`)."""
@@ -317,7 +335,13 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> TimeEsti
     comm_tp = stages * tp_layer + fp8_amax_s(cfg, t, k, stages)
     comm_cp, comm_ep = stages * cp_layer, stages * ep_layer
     per_micro = compute + comm_tp + comm_cp + comm_ep
-    slowest = np.argmax(per_micro, axis=0)
+    # the slowest stage over the whole step: its micro-batches and its exposed gradient reduce
+    # (the first stage holds the embedding, the last the output layer; an FP8 stage's amax
+    # all-reduces grow with dp, so which stage is slowest can change with it)
+    whole = micro * per_micro + np.stack([
+        _stage_dp_s(cfg, t, k, vocab, stages[s], single | (s == 0), s == 2, layer, head_s)
+        for s in range(3)])
+    slowest = np.argmax(whole, axis=0)
     pick = np.arange(len(t))
     layers = stages[slowest, pick]
     compute_mb, tp_mb, cp_mb, ep_mb = (a[slowest, pick]

@@ -173,7 +173,9 @@ def test_twice_the_gpus_never_more_than_twice_the_tokens(data: st.DataObject) ->
     step = [t.total - t.parts["optimizer"] - t.parts["offload"] - t.parts["dp_comm"]
             for t in (small, large)]
     assert np.all(step[1] >= step[0] * (1 - 1e-9))
-    grown = big_time["dp_comm"] >= small_time["dp_comm"] * (1 - 1e-9)
+    # the exposed gradient reduce may shrink where the slowest stage changes (an FP8 stage's
+    # amax all-reduces grow with dp), but never by more than the rest of the step grew
+    grown = step[1] + big_time["dp_comm"] >= (step[0] + small_time["dp_comm"]) * (1 - 1e-9)
     assert np.all(grown | ~same_bucket)
     for name in ("optimizer", "offload"):
         assert np.all(big_time[name] <= small_time[name] * (1 + 1e-9))
