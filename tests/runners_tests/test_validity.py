@@ -120,6 +120,13 @@ def test_a_slow_rank_and_a_stalling_loader_are_pitfalls_with_their_fix() -> None
     assert m.status == "ok" and m.extra["pitfalls"] == found
     even = [{**r, "compute_s": [0.2, 0.21, 0.2], "data_s": [0.01]} for r in ranks]
     assert pitfalls_of(even, 1.0) == []
+    # CPU workers sharing cores differ by up to 1.5x in correct runs: flagged from 2x there
+    uneven = [{**r, "compute_s": [0.2 * (1 + 0.5 * r["rank"])] * 3, "data_s": [0.01]}
+              for r in ranks]
+    cpu = load_config("tiny-gpt", "local", processes=2, framework="deepspeed")
+    assert gate(DP2_CFG, DP2, _ok(ranks=uneven)).extra["pitfalls"][0].startswith("rank 1")
+    assert "pitfalls" not in gate(cpu, DP2, _ok(ranks=uneven)).extra
+    assert gate(cpu, DP2, _ok(ranks=ranks)).extra["pitfalls"][0].startswith("rank 1")
 
 
 def test_failures_pass_through() -> None:
