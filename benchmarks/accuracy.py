@@ -401,10 +401,11 @@ def main() -> None:
                                                                         Constants())))
             if step is not None:
                 peer[p.name] = step
+    every_moe = [p for p in points if not fitted(p)]
+    unseen = leave_one_model_out(every_moe, fits)
     if args.fit:
         moe_groups = {g: moe_names([p for p in points if fit_source(p) == g])
                       for g in {fit_source(p) for p in points if not fitted(p)}}
-        unseen = leave_one_model_out([p for p in points if not fitted(p)], fits)
         written = write_constants(fits, intervals(points, cv, unseen),
                                   between_layouts(points, cv), moe_groups)
         console.print(f"wrote {written}")
@@ -447,7 +448,6 @@ def main() -> None:
         if stated and len(stated) < len(rows):
             summary.add_row(*summary_row("  every setting stated", stated, cv, insample, peer))
     summary.add_row(*summary_row("all dense", dense, cv, insample, peer))
-    every_moe = [p for p in points if not fitted(p)]
     moe = [p for p in every_moe if judged(p)]
     for g in sorted({group(p) for p in moe}):
         rows = [p for p in moe if group(p) == g]
@@ -463,7 +463,6 @@ def main() -> None:
     console.print(summary)
 
     if moe:
-        unseen = leave_one_model_out(every_moe, fits)
         per_row = Table(title="MoE rows: measured / predicted step − 1 (+ = predicted too fast)")
         for column in ("row", "model", "source", "prec", "CV err", "in-sample err",
                        "model left out err", "judged"):

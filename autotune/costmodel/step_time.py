@@ -338,10 +338,10 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> TimeEsti
     # the slowest stage over the whole step: its micro-batches and its exposed gradient reduce
     # (the first stage holds the embedding, the last the output layer; an FP8 stage's amax
     # all-reduces grow with dp, so which stage is slowest can change with it)
-    whole = micro * per_micro + np.stack([
+    stage_dp = np.stack([
         _stage_dp_s(cfg, t, k, vocab, stages[s], single | (s == 0), s == 2, layer, head_s)
         for s in range(3)])
-    slowest = np.argmax(whole, axis=0)
+    slowest = np.argmax(micro * per_micro + stage_dp, axis=0)
     pick = np.arange(len(t))
     layers = stages[slowest, pick]
     compute_mb, tp_mb, cp_mb, ep_mb = (a[slowest, pick]
@@ -363,18 +363,15 @@ def estimate_time(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> TimeEsti
     sends = np.where(t.vpp > 1, 2 * (t.pp - 1), 2 * (micro + t.pp - 1))
     p2p = np.where(single, 0.0, sends * send)
 
-    # data parallel over dp·cp (routed experts over edp): gradient reduce under the last
-    # backward, parameter gather
+    # data parallel over dp·cp (routed experts over edp): the slowest stage's gradient reduce
+    # under its last backward and parameter gather (`_stage_dp_s`), on its parameters
+    dp = stage_dp[slowest, pick]
     first = single | (slowest == 0)
     params = params_on_rank(m, t, vocab, layers, first, holds_head, experts=False)
-    experts = expert_params_on_rank(m, t, layers)
-    forward_mb = layers * layer.forward
-    backward_mb = layers * layer.backward + holds_head * head_s * 2 / 3
     grad_bytes = framework.grad_reduce_bytes(cfg)
-    dp = _dp_s(cfg, t, k, params, forward_mb, backward_mb, expert=False)
     shard = params / np.where(t.zero >= 1, t.shard_degree, 1)  # after ZeRO sharding
     if share:
-        dp = dp + _dp_s(cfg, t, k, experts, forward_mb, backward_mb, expert=True)
+        experts = expert_params_on_rank(m, t, layers)
         shard = shard + experts / np.where(t.zero >= 1, t.expert_data_parallel, 1)
         params = params + experts
 
