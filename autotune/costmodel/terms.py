@@ -63,6 +63,12 @@ class Zero3Fetch:
     stage3_max_reuse_distance)."""
     reduce_bucket_numel: float | np.ndarray = np.inf
     """Gradients per reduce-scatter (DeepSpeed's reduce_bucket_size)."""
+    recompute_gathers: bool = True
+    """A recomputed forward gathers each unit's weights once more (hooks on the layer run
+    again inside its checkpoint); False: the recompute runs inside the unit, after the
+    backward's own gather (PyTorch FSDP over checkpointed blocks: torchtitan applies activation
+    checkpointing before `fully_shard`, LLM Foundry/Composer wraps FSDP units and then
+    checkpoints their blocks)."""
     list_collectives: bool = False
     """Every gather and reduce-scatter is a list collective (DeepSpeed v0.3-v0.5.5,
     `TrainSpec.zero3_list_collectives`): one reduce-scatter per weight tensor, not per bucket,

@@ -7,7 +7,8 @@ framework gathers is its `Zero3Fetch` (`FrameworkTerms.zero3_fetch`):
 
 - **per layer** (PyTorch FSDP's transformer-block units, Megatron-FSDP's per-layer buckets): a
   layer's weights are one all-gather, prefetched under the previous layer's forward; the
-  backward gathers them again (and once more for a recompute forward) and reduce-scatters the
+  backward gathers them again (and once more for a recompute forward, except under PyTorch FSDP
+  whose checkpointed blocks recompute inside the backward's gather) and reduce-scatters the
   gradients, all under the layer's backward.
 - **per weight tensor** (DeepSpeed's `PartitionedParameterCoordinator`, deepspeed 0.19
   `runtime/zero/partitioned_param_coordinator.py`): every linear's weight is its own
@@ -160,7 +161,8 @@ def zero3_s(cfg: AutotuneConfig, t: LayoutTable, k: Constants, params: np.ndarra
         per_layer = params / np.maximum(layers, 1)
         ag = collective_s("all_gather", width * per_layer, ranks, per_node, cfg, k)
         rs = collective_s("reduce_scatter", grad_bytes * per_layer, ranks, per_node, cfg, k)
-        again = (t.recompute == 2) * ag  # the recomputed forward gathers once more
+        # the recomputed forward gathers once more, unless it runs inside the unit's gather
+        again = (t.recompute == 2) * ag * float(fetch.recompute_gathers)
         micro = ag + layers * (exposed_s(ag, layer.forward, k)
                                + exposed_s(ag + rs + again, layer.backward, k))
     return np.where((t.zero >= 3) & (ranks > 1), micro, 0.0)

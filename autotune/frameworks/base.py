@@ -224,8 +224,10 @@ class Framework(abc.ABC):
     def zero3_fetch(self, cfg: AutotuneConfig, t: LayoutTable,
                     params: np.ndarray) -> Zero3Fetch:
         """How ZeRO-3 gathers the weights: one unit per layer, prefetched under the previous
-        layer (PyTorch FSDP's transformer-block wrapping, Megatron-FSDP's per-layer buckets)."""
-        return Zero3Fetch(per_module=False)
+        layer (PyTorch FSDP's transformer-block wrapping, Megatron-FSDP's per-layer buckets).
+        Under PyTorch FSDP the recompute reuses the backward's gather of its block."""
+        return Zero3Fetch(per_module=False,
+                          recompute_gathers=cfg.train.software_stack != "pytorch")
 
     def tp_backward_all_reduces(self, cfg: AutotuneConfig) -> int:
         """All-reduces of the input gradient per layer in the backward without sequence

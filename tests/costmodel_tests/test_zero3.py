@@ -147,3 +147,23 @@ def test_list_collectives_of_deepspeed_2021_pay_one_copy_per_rank() -> None:
     with pytest.raises(AutotuneError, match="zero3_list_collectives True is DeepSpeed"):
         load_config("gpt3-175b", "dgx-a100:8", seq_length=2048, global_batch_size=64,
                     zero3_list_collectives=True)
+
+
+def test_pytorch_fsdp_recompute_reuses_the_backward_gather() -> None:
+    """Oracle: torchtitan applies activation checkpointing to each block before `fully_shard`
+    wraps it, and LLM Foundry (Composer's `prepare_fsdp_module`) wraps FSDP units before
+    checkpointing their blocks: the recompute runs inside the unit's pre-backward gather, so a
+    full recompute gathers nothing more. Megatron-FSDP's hooks run again inside the layer's
+    checkpoint: one more gather per layer. On a network slow enough that every gather is
+    exposed, PyTorch FSDP's full recompute costs what no recompute costs, while Megatron-FSDP's
+    costs a third more gathers (3 per layer against 2, with one reduce-scatter)."""
+    base = load_config("llama3-8b", "dgx-h100:2", framework="megatron", seq_length=4096,
+                       global_batch_size=16)
+
+    def gathers(stack: str, recompute: str) -> float:
+        train = base.train.model_copy(update={"stack": stack})
+        cfg = _slow_network(base.model_copy(update={"train": train}))
+        return _zero3_s(cfg, f"zero=3,mbs=1,recompute={recompute}")
+
+    assert gathers("pytorch", "full") == pytest.approx(gathers("pytorch", "none"), rel=0.01)
+    assert gathers("megatron-core", "full") > 1.2 * gathers("megatron-core", "none")
