@@ -172,13 +172,18 @@ def test_twice_the_gpus_never_more_than_twice_the_tokens(data: st.DataObject) ->
                        == framework.grad_bucket_params(big, wide, np.ones(len(table))))
     step = [t.total - t.parts["optimizer"] - t.parts["offload"] - t.parts["dp_comm"]
             for t in (small, large)]
-    assert np.all(step[1] >= step[0] * (1 - 1e-9))
+    # the parts are the slowest stage's, and which stage is slowest can change with dp (the
+    # gradient reduce of a last stage holding the output layer and few layers grows past a
+    # fuller stage's): its micro-batch time (no dp term in it, but FP8's amax all-reduces)
+    # then changes, and only the whole step is bound
+    same_stage = np.isclose(large.microbatch_s, small.microbatch_s, rtol=1e-12, atol=0.0)
+    assert np.all((step[1] >= step[0] * (1 - 1e-9)) | ~same_stage)
     # the exposed gradient reduce may shrink where the slowest stage changes (an FP8 stage's
     # amax all-reduces grow with dp), but never by more than the rest of the step grew
     grown = step[1] + big_time["dp_comm"] >= (step[0] + small_time["dp_comm"]) * (1 - 1e-9)
     assert np.all(grown | ~same_bucket)
     for name in ("optimizer", "offload"):
-        assert np.all(big_time[name] <= small_time[name] * (1 + 1e-9))
+        assert np.all((big_time[name] <= small_time[name] * (1 + 1e-9)) | ~same_stage)
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
