@@ -383,3 +383,85 @@ def test_cpu_gemm_fit_recovers_known_constants_against_the_screening_peak(cpu_cf
     assert [p.predicted_s for p in predicted if p.kind == "gemm"] == pytest.approx(truth,
                                                                                    rel=0.06)
     assert not fitted["gemm_efficiency"].at_bound and not fitted["gemm_half_size"].at_bound
+
+
+class _FakeStep:
+    """A fake clock (ms), a CPU worker's fake wait, fake busy work and a fake process group
+    for `bench_worker.collectives`: busy work takes 3 ms, 3.5 ms right after a call (the call
+    left its caches and threads behind); a call takes 1.2 ms right after busy work, 0.4 ms
+    from an idle rank, and the worker waits 0.2 ms of it for a CPU; the barrier and the
+    slowest-rank all-reduce (one rank) take no time."""
+
+    def __init__(self) -> None:
+        self.now = self.wait = 0.0
+        self.last = "idle"
+
+    def perf_counter(self) -> float:
+        return self.now / 1e3
+
+    def waited(self) -> float:
+        return self.wait / 1e3
+
+    def work(self) -> None:
+        self.now += 3.5 if self.last == "call" else 3.0
+        self.last = "work"
+
+    def all_reduce(self, tensor: torch.Tensor, op: object = None, group: object = None) -> None:
+        if op is not None:  # `_slowest`: one rank's own figure
+            return
+        self.now += 1.2 if self.last == "work" else 0.4
+        self.wait += 0.2 if self.last == "work" else 0.0
+        self.last = "call"
+
+    def dist(self) -> object:
+        from types import SimpleNamespace
+        return SimpleNamespace(is_initialized=lambda: True, barrier=lambda group=None: None,
+                               new_group=lambda ranks: "group", all_reduce=self.all_reduce,
+                               ReduceOp=SimpleNamespace(MAX="max"))
+
+
+def _fake_worker(fake: _FakeStep, cuda: bool) -> tuple[bench_worker.Worker, list[dict]]:
+    worker = bench_worker.Worker.__new__(bench_worker.Worker)
+    worker.rank, worker.world, worker.cuda = 0, 1, cuda
+    worker.device = torch.device("cpu")
+    records: list[dict] = []
+    worker.write = records.append  # type: ignore[method-assign]
+    worker.sync = lambda: None  # type: ignore[method-assign]
+    if not cuda:
+        worker.waited = fake.waited  # type: ignore[method-assign]
+    return worker, records
+
+
+def test_cpu_collective_is_what_it_adds_to_a_step(monkeypatch) -> None:
+    """Oracle: a fake clock and fake work, worked out by hand (`_FakeStep`). With 4 repeats,
+    4 rounds of busy work then the call take 4 · (3.5 + 1.2) = 18.8 ms, of which the worker
+    waited 4 · 0.2 = 0.8 ms for a CPU: 18.0 ms. 4 rounds of busy work alone take 3.5 (the
+    first follows the block's last call) + 3 · 3.0 = 12.5 ms. The point records
+    (18.0 − 12.5) / 4 = 1.375 ms: the call net of the wait (1.0 ms) and the 0.5 ms it cost
+    the compute after it, three rounds in four. The call alone after busy work, as timed
+    before, read 1.0 ms. GPUs keep the median of the calls (from idle ranks: 0.4 ms, no
+    wait). A difference below zero is floored at a thousandth of the round with the call."""
+    fake = _FakeStep()
+    monkeypatch.setattr(bench_worker, "time", fake)
+    monkeypatch.setattr(bench_worker, "dist", fake.dist())
+    monkeypatch.setattr(bench_worker, "busy_work",
+                        lambda worker, seconds: (lambda: None) if worker.cuda else fake.work)
+    plan = {"group_sizes": [2], "collective_ops": ["all_reduce"], "message_bytes": [4096],
+            "collective_repeats": 4, "budget_s": 0.01, "busy_s": 0.003}
+    for cuda, expected_ms in ((False, 1.375), (True, 0.4)):
+        worker, records = _fake_worker(fake, cuda)
+        bench_worker.collectives(worker, plan)
+        assert [r["kind"] for r in records] == ["collective"]
+        assert records[0]["seconds"] == pytest.approx(expected_ms / 1e3, rel=1e-9)
+        assert records[0]["rate"] == pytest.approx(4096 / (expected_ms / 1e3), rel=1e-9)
+
+    fake = _FakeStep()
+    monkeypatch.setattr(bench_worker, "time", fake)
+    worker, _ = _fake_worker(fake, cuda=False)
+    rounds = iter([3.0] * 4 + [4.0] * 4)  # a slow spell in the block without calls
+
+    def noisy_work() -> None:
+        fake.now += next(rounds)
+
+    # with the calls (free): 4 · 3.0 = 12 ms; alone: 4 · 4.0 = 16 ms; floored at 12 / 4 / 1000
+    assert bench_worker.in_step(worker, lambda: None, 4, noisy_work) == pytest.approx(3e-6)
