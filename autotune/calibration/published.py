@@ -139,6 +139,12 @@ RUN_SETTINGS: dict[str, dict[str, Any]] = {
     # `partitions` (one tensor per rank) and `_reduce_scatter_gradient` reduce-scatters from
     # `input_list`; `_all_gather_base` came in v0.5.6 (commit c0eeb69df)
     **{f"sc21_t2_0{i}": {"zero3_list_collectives": True} for i in range(1, 7)},
+    # LLM Foundry's A100 MPT-70B rows ran Precision bf16 with MP Mode PURE (mosaicml/llm-foundry
+    # scripts/train/benchmarking/README.md @ 495218376, the same figures as @ 300cc5c58 of
+    # 2023-05-03; the table's other rows ran amp_bf16 with DEFAULT): Composer's
+    # `get_mixed_precision` gives PURE `reduce_dtype` = the bf16 `param_dtype` (@ v0.14.1 and
+    # v0.16.4), so FSDP reduce-scatters their gradients in bf16
+    **{f"llmfoundry_a100_70b_2048_{g}": {"grad_reduce_in_fp32": False} for g in (32, 64)},
 }
 """Training settings of a run that its launch script sets and the CSV has no column for, by
 `row_id`."""

@@ -27,11 +27,13 @@ from autotune.specs.types import Stack
 @dataclasses.dataclass(frozen=True)
 class OnlyFor:
     """Field metadata: the setting exists in one framework only (by its upstream flag); any
-    other framework must leave the field at its default."""
+    other framework must leave the field at its default, unless it runs one of `stacks`."""
 
     framework: Framework
     flag: str
     owner: str = "Megatron"
+    stacks: tuple[Stack, ...] = ()
+    """Software stacks that have the same setting under another framework's rules."""
 
 
 class TrainSpec(BaseModel):
@@ -70,11 +72,15 @@ class TrainSpec(BaseModel):
     performance recipes set); False gathers after the optimizer step, exposed. It takes effect
     only with `overlap_grad_reduce` (Megatron-LM's `validate_args` asserts
     `--overlap-grad-reduce` with it) and a sharded optimizer (zero ≥ 1)."""
-    grad_reduce_in_fp32: Annotated[StrictBool, OnlyFor("megatron", "--grad-reduce-in-bf16")] = True
+    grad_reduce_in_fp32: Annotated[StrictBool, OnlyFor("megatron", "--grad-reduce-in-bf16",
+                                                       stacks=("pytorch",))] = True
     """Megatron keeps its gradient buffer, and reduces it over data parallelism, in fp32: the
     default of Megatron-LM's `arguments.py` for bf16; False is `--grad-reduce-in-bf16`, the
     setting of NeMo's and Megatron-Bridge's performance recipes (`scripts/performance`): a
-    2-byte buffer and reduction."""
+    2-byte buffer and reduction. PyTorch FSDP (stack pytorch) reduces in fp32 by default
+    (`MixedPrecision(reduce_dtype=torch.float32)`, Composer's `mixed_precision: DEFAULT`);
+    False is FSDP's `reduce_dtype` equal to the 16-bit `param_dtype`, as Composer's
+    `mixed_precision: PURE` sets it."""
     adam_moments_dtype: Annotated[Literal["fp32", "bf16"],
                                   OnlyFor("megatron", "--exp-avg-dtype")] = "fp32"
     """Dtype of Adam's two moments: fp32 (Megatron-LM's default: 4 + 4 + 4 B of fp32 master
@@ -134,7 +140,8 @@ class TrainSpec(BaseModel):
         for name, field in type(self).model_fields.items():
             only = next((m for m in field.metadata if isinstance(m, OnlyFor)), None)
             value = getattr(self, name)
-            if only and only.framework != self.framework and value != field.default:
+            if (only and only.framework != self.framework and value != field.default
+                    and self.software_stack not in only.stacks):
                 raise ValueError(f"{name} {value!r} is {only.owner}'s ({only.flag}); use "
                                  f"{field.default!r} with {self.framework}")
         if self.fp8_recipe != "delayed" and self.precision != "fp8":

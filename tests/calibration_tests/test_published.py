@@ -28,6 +28,7 @@ from autotune.calibration.published import read_rows
 from autotune.calibration.published import sc21_eq3_flops
 from autotune.costmodel.constants import FIT_BOUNDS
 from autotune.costmodel.constants import Constants
+from autotune.costmodel.terms import terms_for
 from autotune.specs import ModelSpec
 
 ROWS = {row["row_id"]: row for row in read_rows()}
@@ -240,6 +241,20 @@ def test_llama3_fsdp_without_reshard_is_expressed_as_the_distributed_optimizer()
     assert run.skip is None
     assert {lay.zero for lay in run.layouts} == {1}
     assert any("zero2" in note for note in run.substitutions)
+
+
+def test_llm_foundry_rows_reduce_in_the_dtype_of_their_published_mp_mode() -> None:
+    """Oracle: the README table's 'MP Mode' column (kept in each row's notes: the A100 MPT-70B
+    rows 'bf16 (PURE)', the others amp_bf16 with DEFAULT) and Composer's `get_mixed_precision`:
+    PURE reduces in bf16 (2 B), DEFAULT in float32 (4 B)."""
+    rows = [row for row in ROWS.values() if row["source_id"] == "llmfoundry"
+            and row["precision"] == "bf16"]
+    pure = {row["row_id"] for row in rows if "(PURE)" in row["notes"]}
+    assert pure == {"llmfoundry_a100_70b_2048_32", "llmfoundry_a100_70b_2048_64"}
+    for row in rows:
+        cfg = problem(row)
+        expected = 2 if row["row_id"] in pure else 4
+        assert terms_for(cfg).grad_reduce_bytes(cfg) == expected, row["row_id"]
 
 
 def test_leave_one_source_out_never_fits_on_the_held_out_source() -> None:

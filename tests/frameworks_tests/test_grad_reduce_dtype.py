@@ -1,11 +1,14 @@
 """Bytes per gradient element of the data-parallel reduction, per stack; oracle: the dtype each
 stack reduces in (Composer's `get_mixed_precision` for `mixed_precision: DEFAULT` from v0.16,
-and torchtitan's `mixed_precision_reduce` default: torch.float32; DeepSpeed's
-`communication_data_type`: the gradients' own dtype), sized by torch."""
+and torchtitan's `mixed_precision_reduce` default: torch.float32; `mixed_precision: PURE`: the
+precision's dtype; DeepSpeed's `communication_data_type`: the gradients' own dtype), sized by
+torch."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+from pydantic import ValidationError
 
 from autotune.costmodel.terms import terms_for
 from autotune.specs import AutotuneConfig
@@ -42,3 +45,18 @@ def test_fp32_training_reduces_in_fp32_on_both() -> None:
     for stack in ("pytorch", "deepspeed"):
         cfg = config(stack=stack, precision="fp32")
         assert terms_for(cfg).grad_reduce_bytes(cfg) == FP32
+
+
+def test_pytorch_fsdp_pure_mixed_precision_reduces_in_bf16() -> None:
+    """Composer's `mixed_precision: PURE` sets FSDP's `reduce_dtype` to the precision's own
+    dtype (`get_mixed_precision` @ v0.14.1 and v0.16.4): `grad_reduce_in_fp32` off reduces
+    bf16 gradients in bf16 on the PyTorch stack."""
+    cfg = config(stack="pytorch", precision="bf16", grad_reduce_in_fp32=False)
+    assert terms_for(cfg).grad_reduce_bytes(cfg) == BF16
+
+
+def test_only_the_pytorch_stack_sets_the_reduce_dtype_under_deepspeed_rules() -> None:
+    """DeepSpeed's own stack has no such switch (it reduces in the gradients' dtype): the
+    Megatron flag stays rejected there."""
+    with pytest.raises(ValidationError, match="grad_reduce_in_fp32"):
+        config(precision="bf16", grad_reduce_in_fp32=False)
