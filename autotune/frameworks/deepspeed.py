@@ -272,7 +272,8 @@ class DeepSpeed(Framework):
         grad partition; fp32 master + Adam m, v (12 B), sharded over dp·cp (experts: edp,
         DeepSpeed's expert data-parallel group) by ZeRO; CPU offload moves the optimizer (and
         ZeRO-3 parameters). Without ZeRO, fp32 training steps the torch optimizer on the weights
-        themselves: no fp32 copies (grads 4 B, Adam m, v 8 B). On CPU workers the offload
+        themselves: no fp32 copies (grads 4 B, Adam m, v 8 B); so does PyTorch FSDP's full
+        sharding (`TrainSpec.stack` pytorch) on its fp32 shards. On CPU workers the offload
         device "cpu" is the worker's own memory, so the offloaded states stay in the process
         (and no host bytes are counted apart)."""
         n, z, off = shard, t.zero, t.offload
@@ -285,6 +286,13 @@ class DeepSpeed(Framework):
             4 * params / n + w * gathered,
         )
         optimizer = np.where(z == 0, (8 + copies) * params, 12 * params / n)
+        if copies and cfg.train.software_stack == "pytorch":
+            # FSDP under mixed precision: the fp32 shard is the parameter the optimizer steps
+            # (no master copy beside a 16-bit shard); the 16-bit shard it gathers from is freed
+            # after each all-gather (`_free_low_precision_sharded_param`; FSDP2 casts in the
+            # gather), so fully sharded runs hold 4 + 4 + 8 B per parameter over n, not 18
+            weights = np.where(z >= 3, 4 * params / n + w * gathered, weights)
+            optimizer = np.where(z >= 3, 8 * params / n, optimizer)
         weights = np.where(off == 2, w * gathered, weights)
         offloaded = off >= 1
         grads = np.where(offloaded, np.where(z >= 3, w * gathered, 0.0), grads)
