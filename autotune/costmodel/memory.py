@@ -17,6 +17,10 @@ data-parallel
 degree edp = world/(etp·ep·pp), dense states over dp·cp (Megatron-LM
 `theoretical_memory_usage.py`: 6 + 12/edp bytes for experts with the distributed optimizer).
 The dispatch/combine all-to-all buffers are transient (freed within the layer) and not counted.
+ZeRO-3 holds, beside the shards, what its framework gathers at once (`FrameworkTerms.zero3_live`:
+DeepSpeed's largest module, PyTorch FSDP's current and next transformer-block units,
+Megatron-FSDP's current unit, its prefetch and the gradient buckets waiting for their
+reduce-scatter).
 CPU workers keep what their eager layers save instead (`autotune.costmodel.eager`).
 The first 1F1B stage holds min(m, p) micro-batches in flight, p + (p−1)/v
 with interleaving (Megatron's factor). The last stage holds the fp32 logits.
@@ -36,7 +40,9 @@ from autotune.costmodel.kernels import routed_tokens
 from autotune.costmodel.sharding import element_bytes
 from autotune.costmodel.sharding import expert_params_on_rank
 from autotune.costmodel.sharding import largest_module_params
+from autotune.costmodel.sharding import layer_params_on_rank
 from autotune.costmodel.sharding import params_on_rank
+from autotune.costmodel.terms import Zero3Live
 from autotune.costmodel.terms import terms_for
 from autotune.layout import LayoutTable
 from autotune.specs import AutotuneConfig
@@ -173,7 +179,8 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> Memory
     s = cfg.train.seq_length / t.cp
     framework = terms_for(cfg)
     vocab = framework.padded_vocab(m.vocab_size, t.tp)
-    gathered = largest_module_params(m, t, vocab)
+    live = framework.zero3_live(cfg, t, layer_params_on_rank(m, t),
+                                largest_module_params(m, t, vocab), m.hidden_size * vocab / t.tp)
     candidates = []
     for stage in _stages(cfg, t):
         present = stage.layers > 0
@@ -181,10 +188,10 @@ def estimate_memory(cfg: AutotuneConfig, t: LayoutTable, k: Constants) -> Memory
         output = np.full(len(t), stage.output)
         params = params_on_rank(m, t, vocab, stage.layers, embedding, output,
                                 experts=False)
-        states = framework.state_bytes(cfg, t, params, gathered, shard=t.shard_degree)
+        states = framework.state_bytes(cfg, t, params, live, shard=t.shard_degree)
         if share:
             experts = expert_params_on_rank(m, t, stage.layers)
-            expert_states = framework.state_bytes(cfg, t, experts, 0 * gathered,
+            expert_states = framework.state_bytes(cfg, t, experts, Zero3Live.none(len(t)),
                                                   shard=t.expert_data_parallel)
             states = {name: states[name] + expert_states[name] for name in states}
             params = params + experts

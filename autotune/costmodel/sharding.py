@@ -75,6 +75,15 @@ def expert_params_on_rank(model: ModelSpec, t: LayoutTable, layers: np.ndarray) 
     return params
 
 
+def layer_params_on_rank(model: ModelSpec, t: LayoutTable) -> np.ndarray:
+    """Parameters of the mean transformer layer on one rank, before ZeRO sharding: the dense
+    part split by tp, the replicated norms and routers, and its E/ep routed experts split by
+    etp (what an FSDP unit over a transformer layer gathers)."""
+    split, replicated, experts = _mean_layer(model)
+    layer: np.ndarray = split / t.tp + replicated + experts / (t.ep * t.etp)
+    return layer
+
+
 def largest_module_params(model: ModelSpec, t: LayoutTable, vocab: np.ndarray) -> np.ndarray:
     """Parameters of the largest single module on a rank (what ZeRO-3 gathers at once)."""
     mlp = model.hidden_size * model.ffn * (2 if model.gated else 1)

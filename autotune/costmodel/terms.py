@@ -75,6 +75,24 @@ class Zero3Fetch:
     and one host-dispatched copy per rank in each."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Zero3Live:
+    """What one ZeRO-3 rank holds unsharded at its peak beside its shards
+    (`FrameworkTerms.zero3_live`): the gathered weights and the gradients not yet
+    reduce-scattered, per layout."""
+
+    weights: np.ndarray
+    """Gathered weight elements held at once (in the training dtype)."""
+    gradient_bytes: np.ndarray
+    """Bytes of unsharded gradients held at once: the autograd's and the reduction's buffers."""
+
+    @classmethod
+    def none(cls, rows: int) -> Zero3Live:
+        """Nothing held beside the shards (the routed experts' states, whose layer is counted
+        with the dense part's)."""
+        return cls(weights=np.zeros(rows), gradient_bytes=np.zeros(rows))
+
+
 class FrameworkTerms(Protocol):
     """What the cost model needs from a framework (`autotune.frameworks.Framework` has it)."""
 
@@ -103,7 +121,10 @@ class FrameworkTerms(Protocol):
     def split_layers(self, cfg: AutotuneConfig, pp: np.ndarray, vpp: np.ndarray) -> StageSplit: ...
 
     def state_bytes(self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray,
-                    gathered: np.ndarray, shard: np.ndarray) -> dict[str, np.ndarray]: ...
+                    live: Zero3Live, shard: np.ndarray) -> dict[str, np.ndarray]: ...
+
+    def zero3_live(self, cfg: AutotuneConfig, t: LayoutTable, layer: np.ndarray,
+                   largest: np.ndarray, table: np.ndarray) -> Zero3Live: ...
 
     def buffer_bytes(self, cfg: AutotuneConfig, t: LayoutTable,
                      params: np.ndarray) -> np.ndarray: ...

@@ -24,6 +24,7 @@ from autotune.costmodel.constants import Constants
 from autotune.costmodel.sharding import element_bytes
 from autotune.costmodel.terms import StageSplit
 from autotune.costmodel.terms import Zero3Fetch
+from autotune.costmodel.terms import Zero3Live
 from autotune.layout import BoolArray
 from autotune.layout import Layout
 from autotune.layout import LayoutTable
@@ -184,11 +185,12 @@ class Framework(abc.ABC):
 
     @abc.abstractmethod
     def state_bytes(
-        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray,
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, live: Zero3Live,
         shard: np.ndarray,
     ) -> dict[str, np.ndarray]:
         """GPU bytes of `weights`, `gradients`, `optimizer` and offloaded `host` bytes of one
-        rank that holds `params` parameters (before sharding) and gathers `gathered` at once.
+        rank that holds `params` parameters (before sharding) and, under ZeRO-3, `live` whole at
+        once (`zero3_live`).
 
         `shard` is the degree ZeRO shards these states over: dp·cp (`t.shard_degree`) for dense
         parameters, the expert data-parallel degree for routed experts."""
@@ -228,6 +230,28 @@ class Framework(abc.ABC):
         Under PyTorch FSDP the recompute reuses the backward's gather of its block."""
         return Zero3Fetch(per_module=False,
                           recompute_gathers=cfg.train.software_stack != "pytorch")
+
+    def zero3_live(self, cfg: AutotuneConfig, t: LayoutTable, layer: np.ndarray,
+                   largest: np.ndarray, table: np.ndarray) -> Zero3Live:
+        """What ZeRO-3 holds whole at once on a rank whose transformer layer has `layer`
+        parameters (its largest single module `largest`, its embedding or output table
+        `table`): PyTorch FSDP over transformer-block units, the embedding and output their
+        own units (torchtitan's `apply_fsdp`). Weights: two consecutive units, the one computing
+        and the next, whose all-gather is prefetched: FSDP1's rate limiter (`limit_all_gathers`,
+        default True: "GPU memory usage from only two consecutive FSDP instances",
+        `torch/distributed/fsdp/fully_sharded_data_parallel.py`; `_FreeEventQueue` allows 2
+        in-flight all-gathers, `_limiter_utils.py`) and its `BackwardPrefetch.BACKWARD_PRE`
+        ("holds the current set of parameters, next set of parameters, and current set of
+        gradients", `api.py`); FSDP2's implicit forward prefetch and its backward prefetch of
+        one unit (`FSDPParamGroup._backward_prefetch`, `_fully_shard/_fsdp_param_group.py`).
+        Gradients: the computing unit's, in the parameters' dtype, and one reduce-scatter input
+        in the reduce dtype (`foreach_reduce` copies the unsharded gradients into it before
+        freeing them, `_fsdp_collectives.py`; `reduce_scatter_max_input_buffers` 1 keeps only
+        the newest)."""
+        unit = np.maximum(layer, table)
+        weights: np.ndarray = layer + unit
+        grads: np.ndarray = (element_bytes(cfg) + self.grad_reduce_bytes(cfg)) * unit
+        return Zero3Live(weights=weights, gradient_bytes=grads)
 
     def tp_backward_all_reduces(self, cfg: AutotuneConfig) -> int:
         """All-reduces of the input gradient per layer in the backward without sequence

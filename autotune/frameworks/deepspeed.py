@@ -30,6 +30,7 @@ from autotune.costmodel.sharding import largest_module_params
 from autotune.costmodel.sharding import params_on_rank
 from autotune.costmodel.terms import StageSplit
 from autotune.costmodel.terms import Zero3Fetch
+from autotune.costmodel.terms import Zero3Live
 from autotune.frameworks.base import Framework
 from autotune.frameworks.base import RenderOptions
 from autotune.frameworks.base import Rule
@@ -265,37 +266,39 @@ class DeepSpeed(Framework):
         return StageSplit(first=heavy, middle=heavy.copy(), last=heavy.copy(), legal=legal)
 
     def state_bytes(
-        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray,
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, live: Zero3Live,
         shard: np.ndarray,
     ) -> dict[str, np.ndarray]:
         """w-byte weights and grads (w = 2, or 4 in fp32 training: `element_bytes`) + an fp32
         grad partition; fp32 master + Adam m, v (12 B), sharded over dp·cp (experts: edp,
         DeepSpeed's expert data-parallel group) by ZeRO; CPU offload moves the optimizer (and
         ZeRO-3 parameters). Without ZeRO, fp32 training steps the torch optimizer on the weights
-        themselves: no fp32 copies (grads 4 B, Adam m, v 8 B); so does PyTorch FSDP's full
-        sharding (`TrainSpec.stack` pytorch) on its fp32 shards. On CPU workers the offload
+        themselves: no fp32 copies (grads 4 B, Adam m, v 8 B); so does PyTorch FSDP's ZeRO-3
+        (`TrainSpec.stack` pytorch) on its fp32 shards (16 B per sharded parameter). On CPU
+        workers the offload
         device "cpu" is the worker's own memory, so the offloaded states stay in the process
         (and no host bytes are counted apart)."""
         n, z, off = shard, t.zero, t.offload
         w = element_bytes(cfg)
         copies = 0 if w == 4 else 4  # the fp32 grad and master copies of 16-bit training
-        weights = np.where(z >= 3, w * params / n + w * gathered, w * params)
+        weights = np.where(z >= 3, w * params / n + w * live.weights, w * params)
         grads = np.select(
             [z == 0, z == 1, z == 2],
             [(w + copies) * params, w * params + 4 * params / n, (w + 4) * params / n],
-            4 * params / n + w * gathered,
+            4 * params / n + live.gradient_bytes,
         )
         optimizer = np.where(z == 0, (8 + copies) * params, 12 * params / n)
-        if copies and cfg.train.software_stack == "pytorch":
-            # FSDP under mixed precision: the fp32 shard is the parameter the optimizer steps
-            # (no master copy beside a 16-bit shard); the 16-bit shard it gathers from is freed
-            # after each all-gather (`_free_low_precision_sharded_param`; FSDP2 casts in the
-            # gather), so fully sharded runs hold 4 + 4 + 8 B per parameter over n, not 18
-            weights = np.where(z >= 3, 4 * params / n + w * gathered, weights)
-            optimizer = np.where(z >= 3, 8 * params / n, optimizer)
-        weights = np.where(off == 2, w * gathered, weights)
+        if cfg.train.software_stack == "pytorch":
+            # PyTorch FSDP (ZeRO-3) keeps the shards of the parameters themselves in fp32 and
+            # the optimizer steps them: no 16-bit shard beside a master copy (FSDP1's
+            # low-precision shard `_mp_shard` is freed once gathered, `_flat_param.py`
+            # `post_unshard`; FSDP2 casts its fp32 shard for each all-gather); Adam m, v 8 B
+            fsdp = z >= 3
+            weights = np.where(fsdp, 4 * params / n + w * live.weights, weights)
+            optimizer = np.where(fsdp, 8 * params / n, optimizer)
+        weights = np.where(off == 2, w * live.weights, weights)
         offloaded = off >= 1
-        grads = np.where(offloaded, np.where(z >= 3, w * gathered, 0.0), grads)
+        grads = np.where(offloaded, np.where(z >= 3, live.gradient_bytes, 0.0), grads)
         optimizer = np.where(offloaded, 0.0, optimizer)
         host = offloaded * 16 * params / n + (off == 2) * 2 * params / n
         if cfg.cluster.cpu_processes:
@@ -304,6 +307,21 @@ class DeepSpeed(Framework):
             weights = weights + (off == 2) * w * params / n  # the parameters' partition
             host = 0 * host
         return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
+
+    def zero3_live(self, cfg: AutotuneConfig, t: LayoutTable, layer: np.ndarray,
+                   largest: np.ndarray, table: np.ndarray) -> Zero3Live:
+        """DeepSpeed's coordinator gathers by module: the one computing, whole, and what it
+        prefetches, at most `stage3_prefetch_bucket_size` parameters (the prefetch bucket
+        `buffer_bytes` counts) and none once `stage3_max_live_parameters` are gathered
+        (`PartitionedParameterCoordinator.fetch_sub_module`, deepspeed 0.19
+        `runtime/zero/partitioned_param_coordinator.py`); the largest module's weights and its
+        gradient in the training dtype, as DeepSpeed's own estimator counts them
+        (`estimate_zero3_model_states_mem_needs`: 4 B per parameter of the largest layer). The
+        PyTorch FSDP runs this framework also expresses (`TrainSpec.stack` pytorch) hold their
+        transformer-block units (`Framework.zero3_live`)."""
+        if cfg.train.software_stack != "deepspeed":
+            return super().zero3_live(cfg, t, layer, largest, table)
+        return Zero3Live(weights=largest, gradient_bytes=element_bytes(cfg) * largest)
 
     def tp_backward_all_reduces(self, cfg: AutotuneConfig) -> int:
         """AutoTP wraps each Hugging Face projection on its own: every column-parallel
@@ -316,12 +334,9 @@ class DeepSpeed(Framework):
         FSDP runs this framework also expresses (`TrainSpec.stack` pytorch) reduce 16-bit
         training's gradients in fp32, 4 B: FSDP `MixedPrecision(reduce_dtype=torch.float32)`,
         as Composer's `mixed_precision: DEFAULT` (LLM Foundry; `get_mixed_precision` from
-        v0.16) and torchtitan's `mixed_precision_reduce` default set it; with
-        `grad_reduce_in_fp32` off in the 16-bit dtype (Composer's `mixed_precision: PURE`:
-        `reduce_dtype` is the precision's, `get_mixed_precision` @ v0.14.1 and v0.16.4)."""
+        v0.16) and torchtitan's `mixed_precision_reduce` default set it."""
         if cfg.train.software_stack == "pytorch":
-            width = element_bytes(cfg)
-            return max(width, 4) if cfg.train.grad_reduce_in_fp32 else width
+            return max(element_bytes(cfg), 4)
         return super().grad_reduce_bytes(cfg)
 
     def grad_bucket_params(
@@ -349,11 +364,14 @@ class DeepSpeed(Framework):
     def buffer_bytes(self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray) -> np.ndarray:
         """overlap_comm double-buffers the reduce bucket; ZeRO-3 adds a prefetch bucket (in the
         training dtype's width); CPU workers also hold the offload's staging buffers
-        (`cpu_offload_buffers`)."""
+        (`cpu_offload_buffers`). PyTorch FSDP's ZeRO-3 (`TrainSpec.stack` pytorch) has neither
+        bucket: its reduce-scatter input is the unit's (`zero3_live`)."""
         bucket = bucket_elements(params)
         w = element_bytes(cfg)
         reduce = np.where(t.zero >= 1, 2 * w * bucket, 0.0)
         buffers = reduce + np.where(t.zero >= 3, w * ZERO3_PREFETCH_FRACTION * bucket, 0.0)
+        if cfg.train.software_stack == "pytorch":
+            buffers = np.where(t.zero >= 3, 0.0, buffers)
         if cfg.cluster.cpu_processes:
             largest = largest_module_params(cfg.model, t,
                                             self.padded_vocab(cfg.model.vocab_size, t.tp))

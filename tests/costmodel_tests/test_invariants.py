@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from autotune.costmodel.constants import constants_for
 from autotune.costmodel.estimate import evaluate
 from autotune.costmodel.memory import MEMORY_PARTS
+from autotune.costmodel.sharding import largest_module_params
+from autotune.costmodel.sharding import layer_params_on_rank
 from autotune.costmodel.step_time import TIME_PARTS
 from autotune.frameworks import framework_of
 from autotune.frameworks.megatron.args import pipeline_plan
@@ -196,8 +198,9 @@ def test_memory_grows_with_mbs_and_shrinks_with_every_shard(data: st.DataObject,
     is the allowance: pp only with even stages and no interleaving (the first stage holds
     L·(1 + (p−1)/(p·v)) layers' activations, growing with p when v > 1), and up to its
     embedding term, 8sb + sbh bytes per in-flight micro-batch, which grows with the stages;
-    ZeRO with at least two shards and the next stage's gather buffer smaller than the states
-    it shards away."""
+    ZeRO with at least two shards and what ZeRO-3 holds whole at once (the framework's
+    `zero3_live`: gathered weights and unsharded gradients) smaller than the 16-bit weights it
+    shards away."""
     cfg = data.draw(problems(nodes=(1, 2, 4, 8)))
     table = legal(cfg, layouts(cfg, data.draw))
     assume(len(table))
@@ -245,7 +248,13 @@ def _comparable(cfg: AutotuneConfig, small: Layout, big: Layout, dim: str) -> bo
         if big.zero < 3:
             return True
         m = cfg.model
-        largest = max(m.hidden_size * m.vocab_size, 3 * m.hidden_size * m.ffn) / small.tp
+        t = LayoutTable.from_layouts([small])
+        framework = framework_of(cfg)
+        vocab = framework.padded_vocab(m.vocab_size, t.tp)
+        live = framework.zero3_live(cfg, t, layer_params_on_rank(m, t),
+                                    largest_module_params(m, t, vocab),
+                                    m.hidden_size * vocab / t.tp)
+        held = 2 * float(live.weights[0]) + float(live.gradient_bytes[0])
         stage = m.layer_params() * m.num_layers / small.pp / small.tp
-        return 4 * largest <= stage * (1 - 1 / shards)
+        return held <= 2 * stage * (1 - 1 / shards)
     return True

@@ -250,3 +250,63 @@ def test_fp32_training_without_zero_holds_what_torch_adamw_allocates() -> None:
     held = _model_states(cfg, layout) / cfg.model.param_counts().total
     assert per_param == 16
     assert held == pytest.approx(per_param)
+
+
+LLAMA3_405B_LAYER = 16384 * (16384 + 2 * 1024) + 16384 * 16384 + 3 * 16384 * 53248 + 2 * 16384
+LLAMA3_8B_LAYER = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096
+LLAMA3_8B_TABLE = 4096 * 128256
+
+
+def _zero3_parts(preset: str, cluster: str, framework: str, **train) -> tuple[dict, float]:
+    cfg = load_config(preset, cluster, framework=framework, global_batch_size=1024, **train)
+    layout = Layout.parse("tp=1,pp=1,zero=3,mbs=1,recompute=full", cfg.world_size, 1024,
+                          get_framework(framework))
+    sharded = cfg.model.num_params(128256) / cfg.world_size
+    return estimate(cfg, layout, K).memory_parts, sharded
+
+
+def test_megatron_fsdp_holds_two_layers_and_four_gradient_buckets_of_a_large_layer() -> None:
+    """Oracle: megatron-core 0.16.1 Megatron-FSDP worked by hand for Llama 3 405B at tp 1 on
+    1,024 GPUs. A layer U = 3,187,703,808 parameters is above 5e8, so `MegatronFSDP` sets the
+    communication unit S = max(1e9, 2U) = 2U (`megatron_fsdp.py`): all-gather prefetch S/2 = one
+    more layer (`AllGatherPipeline.all_gather_params` stops once the prefetched buckets reach
+    it), 2U gathered 16-bit weights; the reduce-scatter queue pops only while it holds more than
+    S before the next bucket joins (`wait_for_previous_grad_reduce`): 2 waiting layers, the one
+    just queued and the new one's fp32 main gradients, 4U · 4 B, and that layer's bf16 autograd
+    gradients being copied in, 2U. Beside them the shards: 2 B weights, 4 B gradients."""
+    parts, sharded = _zero3_parts("llama3-405b", "dgx-h100:128", "megatron")
+    u = LLAMA3_405B_LAYER
+    assert u == 3_187_703_808
+    assert parts["weights"] == pytest.approx(2 * sharded + 2 * 2 * u, rel=1e-6)
+    assert parts["gradients"] == pytest.approx(4 * sharded + 4 * 4 * u + 2 * u, rel=1e-6)
+
+
+def test_megatron_fsdp_prefetches_half_a_billion_parameters_of_small_layers() -> None:
+    """Oracle: the same megatron-core rule by hand for Llama 3 8B at tp 1 on 8 GPUs: U =
+    218,112,000 < 5e8, so S = 1e9; the prefetch adds layers until 5e8 are gathered, ceil(5e8/U)
+    = 3, after the largest module that gathers, the 525,336,576-parameter embedding (not an FSDP
+    unit: its own parameters are gathered at its forward, then the prefetch); floor(1e9/U) = 4
+    layers of main gradients wait, plus the one just queued and the new one (6 · 4 B) and the
+    new one's bf16 gradients (2 B)."""
+    parts, sharded = _zero3_parts("llama3-8b", "dgx-h100:1", "megatron")
+    u, table = LLAMA3_8B_LAYER, LLAMA3_8B_TABLE
+    assert u == 218_112_000
+    assert parts["weights"] == pytest.approx(2 * sharded + 2 * (table + 3 * u), rel=1e-6)
+    assert parts["gradients"] == pytest.approx(4 * sharded + 4 * 6 * u + 2 * u, rel=1e-6)
+
+
+def test_pytorch_fsdp_holds_two_units_and_its_fp32_shards() -> None:
+    """Oracle: PyTorch FSDP by hand for Llama 3 8B at tp 1 on 8 GPUs, units the transformer
+    blocks and the embedding and output (torchtitan's `apply_fsdp`). Weights: the unit computing
+    and the next one prefetched (FSDP1 `limit_all_gathers`: "only two consecutive FSDP
+    instances"; FSDP2's implicit and backward prefetch), at most the embedding (525,336,576)
+    and layer 0 (218,112,000) in bf16; gradients: the embedding unit's bf16 autograd gradients
+    and its fp32 reduce-scatter input (`foreach_reduce`), 6 B each; the shards are the fp32
+    parameters (4 B), their fp32 gradients (4 B) and Adam's m and v (8 B), and no DeepSpeed
+    reduce or prefetch bucket."""
+    parts, sharded = _zero3_parts("llama3-8b", "dgx-h100:1", "deepspeed", stack="pytorch")
+    u, table = LLAMA3_8B_LAYER, LLAMA3_8B_TABLE
+    assert parts["weights"] == pytest.approx(4 * sharded + 2 * (table + u), rel=1e-6)
+    assert parts["gradients"] == pytest.approx(4 * sharded + (2 + 4) * table, rel=1e-6)
+    assert parts["optimizer"] == pytest.approx(8 * sharded, rel=1e-6)
+    assert parts["buffers"] == 0

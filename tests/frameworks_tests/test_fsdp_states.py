@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from autotune.costmodel.terms import Zero3Live
 from autotune.costmodel.terms import terms_for
 from autotune.frameworks import framework_of
 from autotune.layout import Layout
@@ -71,11 +72,11 @@ def test_fully_sharded_fsdp_holds_what_fsdp2_allocates(tmp_path: Path) -> None:
     layout = Layout.parse("zero=3,mbs=1,recompute=none", 8, 16, framework_of(cfg))
     table = LayoutTable.from_layouts([layout])
     params = np.array([float(measured["numel"])])
-    states = terms_for(cfg).state_bytes(cfg, table, params, np.zeros(1), shard=np.array([2]))
+    states = terms_for(cfg).state_bytes(cfg, table, params, Zero3Live.none(1), shard=np.array([2]))
     for part in ("weights", "gradients", "optimizer"):
         assert float(states[part][0]) == pytest.approx(measured[part]), part
     deepspeed = cfg.model_copy(update={"train": cfg.train.model_copy(update={"stack": None})})
-    ds = terms_for(deepspeed).state_bytes(deepspeed, table, params, np.zeros(1),
+    ds = terms_for(deepspeed).state_bytes(deepspeed, table, params, Zero3Live.none(1),
                                           shard=np.array([2]))
     assert sum(float(ds[p][0]) for p in ("weights", "gradients", "optimizer")) == (
         pytest.approx(18 * measured["numel"] / 2))

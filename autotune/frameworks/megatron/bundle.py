@@ -16,7 +16,9 @@ from typing import ClassVar
 import numpy as np
 
 from autotune.costmodel.constants import Constants
+from autotune.costmodel.sharding import element_bytes
 from autotune.costmodel.terms import StageSplit
+from autotune.costmodel.terms import Zero3Live
 from autotune.frameworks.base import MEGATRON_LM
 from autotune.frameworks.base import TRIAL_ITERS
 from autotune.frameworks.base import Framework
@@ -179,7 +181,7 @@ class Megatron(Framework):
                           heaviest_chunk=heaviest)
 
     def state_bytes(
-        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, gathered: np.ndarray,
+        self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray, live: Zero3Live,
         shard: np.ndarray,
     ) -> dict[str, np.ndarray]:
         """16-bit weights, main gradients in the buffer's dtype (`grad_reduce_bytes`: 4 B fp32,
@@ -189,13 +191,41 @@ class Megatron(Framework):
         n, z = shard, t.zero
         g = self.grad_reduce_bytes(cfg)
         state = 4 + 2 * (4 if cfg.train.adam_moments_dtype == "fp32" else 2)
-        weights = np.where(z >= 3, 2 * params / n + 2 * gathered, 2 * params)
-        grads = np.where(z >= 2, g * params / n + g * (z >= 3) * gathered, g * params)
+        weights = np.where(z >= 3, 2 * params / n + 2 * live.weights, 2 * params)
+        grads = np.where(z >= 2, g * params / n + (z >= 3) * live.gradient_bytes, g * params)
         optimizer = np.where(z >= 1, state * params / n, state * params)
         offloaded = t.offload >= 1
         optimizer = np.where(offloaded, 0.0, optimizer)
         host = offloaded * state * params / n
         return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
+
+    def zero3_live(self, cfg: AutotuneConfig, t: LayoutTable, layer: np.ndarray,
+                   largest: np.ndarray, table: np.ndarray) -> Zero3Live:
+        """Megatron-FSDP `optim_grads_params` (megatron-core 0.16.1,
+        `distributed/fsdp/src/megatron_fsdp/`), its units the transformer layers
+        (`mcore_fsdp_adapter.py`) and `suggested_communication_unit_size` unset (autotune does
+        not render it): `MegatronFSDP` then takes S = max(1e9, 2·U) elements, U the mean unit
+        (`megatron_fsdp.py`: "twice the number of elements in the FSDP modules ... the current
+        FSDP module and ... the next"), prefetches S/2 and lets S of gradients wait for their
+        reduce-scatter.
+
+        Weights: `AllGatherPipeline.all_gather_params` (`param_and_grad_buffer.py`) gathers the
+        module's own buckets (a layer, or the embedding or output layer), then adds the next
+        units' while the prefetched elements are below S/2: ceil(max(5e8, U)/U) more layers,
+        forward and backward alike. Gradients (`GradReducePipeline`): each unit's main-gradient
+        bucket (in `grad_reduce_bytes`) is allocated when its backward ends and stays until
+        `wait_for_previous_grad_reduce` pops it, which happens only while the queue holds more
+        than S elements before the next unit's reduce-scatter is queued: floor(S/U) waiting
+        units, the one just queued and the new one, plus that unit's 16-bit autograd gradients
+        being copied in (`--no-gradient-accumulation-fusion`, which Megatron-FSDP requires). For
+        U of at least 5e8 that is 2 layers of weights and 4 of main gradients."""
+        comm = np.maximum(1e9, 2 * layer)
+        prefetched = np.ceil(comm / 2 / layer)
+        weights: np.ndarray = np.maximum(layer, table) + prefetched * layer
+        waiting = np.floor(comm / layer)
+        grads: np.ndarray = (self.grad_reduce_bytes(cfg) * (waiting + 2) * layer
+                             + element_bytes(cfg) * layer)
+        return Zero3Live(weights=weights, gradient_bytes=grads)
 
     def grad_bucket_params(
         self, cfg: AutotuneConfig, t: LayoutTable, params: np.ndarray
