@@ -334,9 +334,12 @@ class DeepSpeed(Framework):
         FSDP runs this framework also expresses (`TrainSpec.stack` pytorch) reduce 16-bit
         training's gradients in fp32, 4 B: FSDP `MixedPrecision(reduce_dtype=torch.float32)`,
         as Composer's `mixed_precision: DEFAULT` (LLM Foundry; `get_mixed_precision` from
-        v0.16) and torchtitan's `mixed_precision_reduce` default set it."""
+        v0.16) and torchtitan's `mixed_precision_reduce` default set it; with
+        `grad_reduce_in_fp32` off in the 16-bit dtype (Composer's `mixed_precision: PURE`:
+        `reduce_dtype` is the precision's, `get_mixed_precision` @ v0.14.1 and v0.16.4)."""
         if cfg.train.software_stack == "pytorch":
-            return max(element_bytes(cfg), 4)
+            width = element_bytes(cfg)
+            return max(width, 4) if cfg.train.grad_reduce_in_fp32 else width
         return super().grad_reduce_bytes(cfg)
 
     def grad_bucket_params(
