@@ -10,8 +10,7 @@ The plan (JSON, `microbench.bench_plan`) lists GEMM shapes and dtypes, attention
 elementwise and copy sizes, the screening GEMM, collective message and group sizes. Every
 worker times its own kernels, all at once as in training; then every worker times the screening
 GEMM in rounds started together; then the group runs each collective (the slowest rank's time
-counts, as in nccl-tests; on CPU workers as a training step sees it, `in_step`) and every link
-of a ring sends alone, in rounds. Each worker appends
+counts, as in nccl-tests) and every link of a ring sends alone, in rounds. Each worker appends
 its points to `DIR/rank-<r>.jsonl` as it goes (a lost worker leaves what it measured) and ends
 with a `done` record. Under Slurm (`autotune.calibration.slurm_bench`) the rank comes from
 SLURM_PROCID, SLURM_NTASKS and SLURM_LOCALID and the host name from SLURMD_NODENAME. The start
@@ -321,37 +320,6 @@ def busy_work(worker: Worker, seconds: float) -> Callable[[], None]:
     return work
 
 
-def in_step(worker: Worker, fn: Callable[[], Any], repeats: int,
-            work: Callable[[], Any], group: Any = None) -> float:
-    """Seconds that `fn` adds to a step in which it follows `work` on every rank: `repeats`
-    rounds of `work` then `fn` timed as one block, less `repeats` rounds of `work` alone timed
-    as one block, per round (after one untimed call of `fn`; a barrier over `group` starts
-    each block on every rank together). The difference holds the call and what it does to the
-    compute around it, whichever way: a gloo call after compute on every rank costs more than
-    one issued from idle ranks (benchmarks/gloo_calls.py), and the compute after it finds its
-    caches and threads as the call left them. Each block leaves out the time this CPU worker
-    waited for a CPU (`Worker.waited`); a difference at or below zero (noise) is floored at a
-    thousandth of the round with the call."""
-    fn()
-    worker.sync()
-
-    def block(call: bool) -> float:
-        if dist.is_initialized():
-            dist.barrier(group=group)
-        start, waited = time.perf_counter(), worker.waited()
-        for _ in range(repeats):
-            work()
-            if call:
-                fn()
-        worker.sync()
-        wall = time.perf_counter() - start
-        return max(wall - (worker.waited() - waited), 1e-3 * wall)
-
-    with_calls = block(True)
-    alone = block(False)
-    return max((with_calls - alone) / repeats, 1e-3 * with_calls / repeats)
-
-
 def _slowest(worker: Worker, seconds: float) -> float:
     """The largest of every rank's time."""
     value = torch.tensor([seconds], dtype=torch.float64, device=worker.device)
@@ -361,9 +329,8 @@ def _slowest(worker: Worker, seconds: float) -> float:
 
 def collectives(worker: Worker, plan: dict[str, Any]) -> None:
     """Each op over each group of the first g ranks and each message size; rank 0 writes the
-    slowest rank's time and the bus bandwidth. GPUs: the median of the calls. CPU workers: what
-    the call adds to a step in which it follows compute (`busy_work`) on every rank, with the
-    slowdown it causes to and suffers from that compute (`in_step`)."""
+    slowest rank's median time and the bus bandwidth. CPU workers compute before each call
+    (`busy_work`), as in training."""
     before = busy_work(worker, float(plan.get("busy_s", 0.0)))
     for size in plan["group_sizes"]:
         members = list(range(size))
@@ -375,13 +342,9 @@ def collectives(worker: Worker, plan: dict[str, Any]) -> None:
                 if inside:
                     elements = max(size, nbytes // 4 // size * size)
                     buffer = torch.ones(elements, device=worker.device)
-                    call = _collective(op, buffer, size, group)
-                    if worker.cuda:
-                        seconds = timed(worker, call, plan["budget_s"],
-                                        exactly=plan["collective_repeats"], before=before)
-                    else:
-                        seconds = in_step(worker, call, plan["collective_repeats"], before,
-                                          group)
+                    seconds = timed(worker, _collective(op, buffer, size, group),
+                                    plan["budget_s"], exactly=plan["collective_repeats"],
+                                    before=before)
                 slowest = _slowest(worker, seconds)
                 if worker.rank == 0:
                     moved = BUS_FACTOR[op] * (size - 1) / size * nbytes

@@ -48,9 +48,8 @@ MESSAGE_BYTES_CPU = (4096, 65536, 1 << 20, 16 << 20, 64 << 20)
 """CPU workers' sizes: also above 32 MiB, where gloo's temporary buffers are mapped afresh
 (glibc's mmap threshold) and a small model's whole gradient is one DeepSpeed bucket."""
 BUSY_S = 0.003
-"""Seconds each CPU worker computes before every collective or send (a few ms, as between a
-layer's collectives in training; `bench_worker.busy_work`); a collective point is what the call
-adds to those rounds (`bench_worker.in_step`)."""
+"""Seconds each CPU worker computes before every timed collective or send (a few ms, as
+between a layer's collectives in training; `bench_worker.busy_work`)."""
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 MOST_SHAPES = 16
 """GEMM shapes timed at most (spread over the candidates' sizes), beside the squares."""
