@@ -281,21 +281,21 @@ class DeepSpeed(Framework):
         n, z, off = shard, t.zero, t.offload
         w = element_bytes(cfg)
         copies = 0 if w == 4 else 4  # the fp32 grad and master copies of 16-bit training
-        weights = np.where(z >= 3, w * params / n + w * live.weights, w * params)
+        # PyTorch FSDP (ZeRO-3) keeps the shards of the parameters themselves in fp32 and the
+        # optimizer steps them: no 16-bit shard beside a master copy (FSDP1's low-precision
+        # shard `_mp_shard` is freed once gathered, `_flat_param.py` `post_unshard`; FSDP2
+        # casts its fp32 shard for each all-gather), so its fully sharded shard is 4 B and the
+        # optimizer's Adam m, v alone 8 B
+        fsdp = cfg.train.software_stack == "pytorch"
+        shard_width, sharded_optimizer = (4, 8) if fsdp else (w, 12)
+        weights = np.where(z >= 3, shard_width * params / n + w * live.weights, w * params)
         grads = np.select(
             [z == 0, z == 1, z == 2],
             [(w + copies) * params, w * params + 4 * params / n, (w + 4) * params / n],
             4 * params / n + live.gradient_bytes,
         )
-        optimizer = np.where(z == 0, (8 + copies) * params, 12 * params / n)
-        if cfg.train.software_stack == "pytorch":
-            # PyTorch FSDP (ZeRO-3) keeps the shards of the parameters themselves in fp32 and
-            # the optimizer steps them: no 16-bit shard beside a master copy (FSDP1's
-            # low-precision shard `_mp_shard` is freed once gathered, `_flat_param.py`
-            # `post_unshard`; FSDP2 casts its fp32 shard for each all-gather); Adam m, v 8 B
-            fsdp = z >= 3
-            weights = np.where(fsdp, 4 * params / n + w * live.weights, weights)
-            optimizer = np.where(fsdp, 8 * params / n, optimizer)
+        optimizer = np.where(z == 0, (8 + copies) * params,
+                             np.where(z >= 3, sharded_optimizer, 12) * params / n)
         weights = np.where(off == 2, w * live.weights, weights)
         offloaded = off >= 1
         grads = np.where(offloaded, np.where(z >= 3, live.gradient_bytes, 0.0), grads)
